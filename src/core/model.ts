@@ -1,0 +1,127 @@
+/**
+ * The proxy's own vocabulary, mapped onto upstream kube-proxy names (pkg/proxy/types.go).
+ * Everything here is plain data: translation produces it, the proxier consumes it.
+ */
+
+export type Protocol = 'TCP' | 'UDP';
+export type TrafficPolicy = 'Cluster' | 'Local';
+export type AffinityType = 'None' | 'ClientIP';
+
+/** Upstream's ServicePortName: a Service's port, named `namespace/name:portName`. */
+export interface ServicePortName {
+  namespace: string;
+  name: string;
+  /** The port's name; empty for a single unnamed port. */
+  port: string;
+}
+
+/** `namespace/name:port`, as upstream prints a ServicePortName. */
+export function servicePortNameString(n: ServicePortName): string {
+  return `${n.namespace}/${n.name}:${n.port}`;
+}
+
+/** One backend as the EndpointSlices describe it, before any selection. */
+export interface EndpointInfo {
+  ip: string;
+  port: number;
+  /** `ready` condition; absent in the slice counts as true. */
+  ready: boolean;
+  /** `serving` condition; absent counts as the value of `ready`. */
+  serving: boolean;
+  /** `terminating` condition; absent counts as false. */
+  terminating: boolean;
+  nodeName?: string;
+  zone?: string;
+  /** `hints.forZones[].name`, when the slice carries hints. */
+  zoneHints?: string[];
+  /** `hints.forNodes[].name`, when the slice carries them. */
+  nodeHints?: string[];
+}
+
+/** An endpoint chosen to receive traffic: what a balancer hands out and a dialer dials. */
+export interface Endpoint {
+  ip: string;
+  port: number;
+  /** `ip:port`, or `[ip]:port` for IPv6: the endpoint's identity in balancers and logs. */
+  addr: string;
+  nodeName?: string;
+}
+
+export function endpointAddr(ip: string, port: number): string {
+  return ip.includes(':') ? `[${ip}]:${port}` : `${ip}:${port}`;
+}
+
+export function toEndpoint(e: Pick<EndpointInfo, 'ip' | 'port' | 'nodeName'>): Endpoint {
+  const ep: Endpoint = { ip: e.ip, port: e.port, addr: endpointAddr(e.ip, e.port) };
+  if (e.nodeName !== undefined) ep.nodeName = e.nodeName;
+  return ep;
+}
+
+export interface AffinityPolicy {
+  type: AffinityType;
+  /** `sessionAffinityConfig.clientIP.timeoutSeconds`; 10800 when unset. */
+  timeoutSeconds: number;
+}
+
+export const DEFAULT_AFFINITY_TIMEOUT_SECONDS = 10800;
+
+/** One port of one Service, with everything the proxy needs to serve it. */
+export interface ServicePort {
+  name: ServicePortName;
+  /** servicePortNameString(name): the key everywhere. */
+  key: string;
+  protocol: Protocol;
+  /** The Service's port (`spec.ports[].port`). */
+  port: number;
+  /** `spec.clusterIPs` (falls back to `[spec.clusterIP]`): IPv4 and IPv6. */
+  clusterIPs: string[];
+  /** `spec.ports[].nodePort`, 0 when none. */
+  nodePort: number;
+  externalIPs: string[];
+  /** `status.loadBalancer.ingress[].ip`. */
+  loadBalancerIPs: string[];
+  affinity: AffinityPolicy;
+  internalTrafficPolicy: TrafficPolicy;
+  externalTrafficPolicy: TrafficPolicy;
+  /** `spec.healthCheckNodePort`, 0 when none. */
+  healthCheckNodePort: number;
+  /** `spec.trafficDistribution`, when set. */
+  trafficDistribution?: string;
+  /** Every endpoint the slices name for this port, merged across slices and deduplicated. */
+  endpoints: EndpointInfo[];
+  /** Trigger time of the newest change (EndpointSlice annotation `endpoints.kubernetes.io/last-change-trigger-time`), ms since epoch. */
+  lastChangeTriggerTime?: number;
+}
+
+/** What this node is, for traffic policies and topology. */
+export interface NodeInfo {
+  name: string;
+  /** The Node's `topology.kubernetes.io/zone` label. */
+  zone?: string;
+}
+
+/** Where a Service port is reached: its portals. */
+export type PortalKind = 'clusterIP' | 'externalIP' | 'loadBalancer' | 'nodePort';
+
+export interface PortalAddress {
+  kind: PortalKind;
+  /** The portal IP; for node ports, empty: "every node address the portal allows". */
+  ip: string;
+  port: number;
+}
+
+/** A problem with one object's field: reported as one line, the object skipped or kept at its last good version. */
+export interface ObjectProblem {
+  /** e.g. `Service default/web` or `EndpointSlice default/web-abc12`. */
+  object: string;
+  /** The field path, e.g. `spec.ports[0].port`. */
+  field: string;
+  message: string;
+  /** The file the object came from, when it came from a file. */
+  file?: string;
+}
+
+export function problemString(p: ObjectProblem): string {
+  const where = p.file ? `${p.file}: ` : '';
+  return `${where}${p.object}: ${p.field}: ${p.message}`;
+}

@@ -1,0 +1,44 @@
+/**
+ * Counters for one proxied service port. Plain numeric fields, bumped in place on the data path:
+ * no label sets, no strings, no allocation per connection. Metrics read them at scrape time.
+ */
+
+/** Upper bounds (seconds) of the dial-latency histogram buckets; the last bucket is +Inf. */
+export const DIAL_LATENCY_BUCKETS: readonly number[] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5];
+
+export type DialFailureReason = 'refused' | 'timeout' | 'unreachable' | 'other';
+
+export class ServicePortStats {
+  /** TCP connections accepted. */
+  accepted = 0;
+  /** TCP connections open now (client side accepted, not yet both released). */
+  active = 0;
+  /** Bytes copied client -> endpoint (TCP and UDP). */
+  bytesToEndpoint = 0;
+  /** Bytes copied endpoint -> client (TCP and UDP). */
+  bytesToClient = 0;
+  dialAttempts = 0;
+  dialFailures: Record<DialFailureReason, number> = { refused: 0, timeout: 0, unreachable: 0, other: 0 };
+  /** Connections reset (or UDP datagrams dropped) because the service port had no endpoints. */
+  noEndpointRejects = 0;
+  /** Connections reset because every dial failed. */
+  dialExhausted = 0;
+  udpSessionsActive = 0;
+  udpSessionsCreated = 0;
+  /** UDP sessions reclaimed because the per-port bound was reached. */
+  udpSessionsReclaimed = 0;
+  /** Datagrams received from clients. */
+  udpDatagrams = 0;
+  /** Dial latency histogram: counts per bucket of DIAL_LATENCY_BUCKETS, plus +Inf at the end. */
+  readonly dialLatencyCounts = new Float64Array(DIAL_LATENCY_BUCKETS.length + 1);
+  dialLatencySum = 0;
+  dialLatencyCount = 0;
+
+  observeDialLatency(seconds: number): void {
+    let i = 0;
+    while (i < DIAL_LATENCY_BUCKETS.length && seconds > (DIAL_LATENCY_BUCKETS[i] as number)) i++;
+    this.dialLatencyCounts[i] = (this.dialLatencyCounts[i] as number) + 1;
+    this.dialLatencySum += seconds;
+    this.dialLatencyCount++;
+  }
+}

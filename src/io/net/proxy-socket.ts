@@ -1,0 +1,41 @@
+import type { Protocol } from '../../core/model.js';
+import type { ServicePortStats } from '../../core/stats.js';
+
+export interface ListenAddress {
+  host: string;
+  /** 0 lets the kernel pick. */
+  port: number;
+}
+
+export interface BoundAddress {
+  host: string;
+  port: number;
+}
+
+/**
+ * One proxied service port's sockets (upstream ProxySocket): a set of listeners sharing one
+ * balancer, dialer and stats. TCP and UDP implement it.
+ */
+export interface ProxySocket {
+  readonly protocol: Protocol;
+  readonly stats: ServicePortStats;
+  /** Open one more listener. Rejects with the system error (EADDRINUSE, EACCES, ...) on failure. */
+  listen(addr: ListenAddress): Promise<BoundAddress>;
+  /** Addresses listened on now. */
+  addresses(): BoundAddress[];
+  /** Close one listener; established TCP connections and live UDP sessions through it are not cut. */
+  unlisten(addr: BoundAddress): Promise<void>;
+  /**
+   * Stop accepting on every listener. TCP connections already established live on until they end;
+   * UDP sessions are closed (their replies could not reach the client once the socket is gone).
+   */
+  close(): Promise<void>;
+  /** Connections (TCP) or sessions (UDP) alive now. */
+  active(): number;
+  /** Resolves when no connection or session is left. */
+  drained(): Promise<void>;
+  /** Cut every remaining connection or session at once (end of a shutdown grace period). */
+  destroyAll(): void;
+  /** Periodic housekeeping from the proxier's one coarse timer (UDP idle sessions). */
+  sweep(nowMs: number): void;
+}
