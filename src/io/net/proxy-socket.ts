@@ -23,7 +23,10 @@ export interface ProxySocket {
   listen(addr: ListenAddress): Promise<BoundAddress>;
   /** Addresses listened on now. */
   addresses(): BoundAddress[];
-  /** Close one listener; established TCP connections and live UDP sessions through it are not cut. */
+  /**
+   * Close one listener. Established TCP connections through it are not cut; UDP sessions through it
+   * end (their replies leave through the listener socket, so they could not reach the client).
+   */
   unlisten(addr: BoundAddress): Promise<void>;
   /**
    * Stop accepting on every listener. TCP connections already established live on until they end;

@@ -1,0 +1,81 @@
+import { hostname } from 'node:os';
+import { roundRobinFactory } from './core/balancer/round-robin.js';
+import { systemClock } from './core/clock.js';
+import { PortAllocator } from './core/port-allocator.js';
+import type { ProxyConfig } from './config.js';
+import { UsageError } from './errors.js';
+import { createPortal } from './io/portal/create-portal.js';
+import { HttpServer, sendJson } from './io/http/http-server.js';
+import { FileSource } from './io/kube/file-source.js';
+import { DirectDialer } from './io/net/direct-dialer.js';
+import type { ProxySocket } from './io/net/proxy-socket.js';
+import { TcpProxySocket } from './io/net/tcp-proxy.js';
+import { UdpProxySocket } from './io/net/udp-proxy.js';
+import type { Portal } from './io/portal/portal.js';
+import type { Logger } from './log.js';
+import { Proxier, hostPort, type ProxySocketFactory } from './proxier.js';
+import { VERSION } from './cli.js';
+
+/** A running proxy: what main and the demo hold on to. */
+export interface RunningProxy {
+  proxier: Proxier;
+  portal: Portal;
+  /** Where the admin server (/services) listens. */
+  adminAddress: string;
+  /** Stop accepting, let connections finish for the grace period, close everything. */
+  stop(graceMs?: number): Promise<{ cut: number }>;
+}
+
+function socketFactory(config: ProxyConfig, logger: Logger): ProxySocketFactory {
+  const dialer = new DirectDialer();
+  return (unit, balancer, stats): ProxySocket => {
+    const log = logger.child({ component: 'proxysocket', service: unit.id });
+    if (unit.protocol === 'UDP') {
+      return new UdpProxySocket({ name: unit.id, balancer, logger: log, stats, idleTimeoutMs: config.udpIdleTimeoutMs, maxSessions: config.maxUdpSessions });
+    }
+    return new TcpProxySocket({ name: unit.id, balancer, dialer, logger: log, stats });
+  };
+}
+
+/** Builds and starts every part from a validated config: the composition root's working half. */
+export async function startProxy(config: ProxyConfig, logger: Logger): Promise<RunningProxy> {
+  const portal = createPortal(config, logger);
+  const nodeName = config.hostnameOverride ?? hostname();
+  const proxier = new Proxier({
+    portal,
+    logger,
+    balancerFactory: roundRobinFactory,
+    socketFactory: socketFactory(config, logger),
+    portAllocator: new PortAllocator(config.proxyPortRange, Math.random),
+    clock: systemClock,
+    random: Math.random,
+    node: { name: nodeName },
+    minSyncPeriodMs: config.minSyncPeriodMs,
+    syncPeriodMs: config.syncPeriodMs,
+    sweepIntervalMs: Math.max(10, Math.min(1000, Math.floor(config.udpIdleTimeoutMs / 4))),
+    bindAddress: config.bindAddress,
+  });
+  if (!config.stateFile) {
+    throw new UsageError('no source of Services: give --state FILE (watching a cluster comes with --kubeconfig)');
+  }
+  await portal.start();
+  const admin = new HttpServer(logger.child({ component: 'admin' }));
+  admin.route('/services', (_req, res) => sendJson(res, 200, { version: VERSION, portal: portal.mode, node: proxier.node.name, services: proxier.status() }));
+  const adminBound = await admin.listen(config.metricsBindAddress.host, config.metricsBindAddress.port);
+  const source = new FileSource({ path: config.stateFile, logger: logger.child({ component: 'file-source' }) });
+  await source.start(proxier.sink);
+  await source.synced;
+  await proxier.setSynced();
+  logger.info({ portal: portal.mode, node: nodeName, state: config.stateFile, admin: hostPort({ host: adminBound.address, port: adminBound.port }) }, 'kube-userspace-proxy started');
+  return {
+    proxier,
+    portal,
+    adminAddress: hostPort({ host: adminBound.address, port: adminBound.port }),
+    async stop(graceMs = config.shutdownGracePeriodMs) {
+      await source.stop();
+      const result = await proxier.shutdown(graceMs);
+      await admin.close();
+      return result;
+    },
+  };
+}

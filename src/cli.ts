@@ -1,0 +1,97 @@
+import { Command, CommanderError, Option } from 'commander';
+import { DEFAULTS, type RawOptions } from './config.js';
+import { PORTAL_MODES } from './io/portal/portal.js';
+
+export const VERSION = '0.1.0';
+
+export type CliOutcome =
+  | { kind: 'run'; options: RawOptions }
+  /** Help, version, or a usage error: print `output` (to stderr when code != 0) and exit. */
+  | { kind: 'exit'; code: number; output: string };
+
+/**
+ * The commander program. Defaults live in config.ts, not here, so that the options handed on are
+ * exactly the flags given (a config file's values yield to them, as kube-proxy documents). Flag names follow kube-proxy's where it has one. No side effects:
+ * output is captured and handed back, the caller prints and exits.
+ */
+export function buildProgram(capture: { out: string; err: string }): Command {
+  const program = new Command('kube-userspace-proxy')
+    .description('A Kubernetes Service proxy in user space: kube-proxy\'s userspace mode for today\'s Kubernetes.')
+    .version(VERSION, '--version', 'print the version and exit')
+    .helpOption('-h, --help', 'show this help')
+    .allowExcessArguments(false)
+    .exitOverride()
+    .configureOutput({
+      writeOut: (s) => { capture.out += s; },
+      writeErr: (s) => { capture.err += s; },
+      outputError: (s, write) => write(s),
+    });
+  program
+    .option('--config <file>', 'a KubeProxyConfiguration (kubeproxy.config.k8s.io/v1alpha1) file; flags given override its values')
+    .option('--write-config-to <file>', 'write the effective configuration (file, flags and defaults) to this file and exit')
+    .option('--state <file>', 'serve the Services and EndpointSlices in this file (YAML, JSON or a v1 List), watched for edits')
+    .option('--portal <mode>', `how traffic reaches the proxy: ${PORTAL_MODES.join(', ')} (default: ${DEFAULTS.portal})`)
+    .option('--kubeconfig <file>', 'path to a kubeconfig file (default: in-cluster, then $KUBECONFIG, then ~/.kube/config)')
+    .option('--master <url>', 'the Kubernetes API server address (overrides the kubeconfig)')
+    .option('--hostname-override <name>', 'the name of this node (default: the hostname)')
+    .option('--bind-address <ip>', `the address proxy ports listen on (default: ${DEFAULTS.bindAddress})`)
+    .option('--proxy-port-range <range>', 'the range of host ports for proxy ports (a-b, a+n or p; default: the kernel picks)')
+    .option('--udp-timeout <duration>', `how long an idle UDP session lives (default: ${DEFAULTS.udpTimeout})`)
+    .option('--max-udp-sessions <n>', `UDP sessions per service port; past it the oldest idle one is reclaimed (default: ${DEFAULTS.maxUdpSessions})`)
+    .option('--metrics-bind-address <host:port>', `where the metrics and status server listens (default: ${DEFAULTS.metricsBindAddress})`)
+    .option('--healthz-bind-address <host:port>', `where the health server listens (default: ${DEFAULTS.healthzBindAddress})`)
+    .option('--iptables-sync-period <duration>', `the longest time between full resyncs (default: ${DEFAULTS.iptablesSyncPeriod})`)
+    .option('--iptables-min-sync-period <duration>', `the shortest time between syncs; bursts of changes merge (default: ${DEFAULTS.iptablesMinSyncPeriod})`)
+    .addOption(new Option('--sync-period <duration>', 'alias of --iptables-sync-period').hideHelp())
+    .addOption(new Option('--min-sync-period <duration>', 'alias of --iptables-min-sync-period').hideHelp())
+    .option('--config-sync-period <duration>', `how often the API watch re-lists Services and EndpointSlices (default: ${DEFAULTS.configSyncPeriod})`)
+    .option('--nodeport-addresses <cidrs>', 'comma-separated CIDRs whose local addresses serve node ports (default: all)')
+    .option('--service-cluster-ip-range <cidrs>', 'the Service ClusterIP range(s), made local by --portal bind')
+    .option('--shutdown-grace-period <duration>', `how long established connections may finish after SIGTERM (default: ${DEFAULTS.shutdownGracePeriod})`)
+    .option('--log-level <level>', `trace, debug, info, warn, error, fatal or silent (default: ${DEFAULTS.logLevel})`)
+    .option('--cleanup', 'remove everything the portal modes installed, then exit');
+  return program;
+}
+
+export function parseCommandLine(argv: readonly string[]): CliOutcome {
+  const capture = { out: '', err: '' };
+  const program = buildProgram(capture);
+  try {
+    program.parse([...argv], { from: 'user' });
+  } catch (err) {
+    if (err instanceof CommanderError) {
+      if (err.exitCode === 0) return { kind: 'exit', code: 0, output: capture.out };
+      const line = (capture.err || err.message).trim().split('\n')[0] ?? err.message;
+      return { kind: 'exit', code: 2, output: `${line}\n` };
+    }
+    throw err;
+  }
+  const o = program.opts<Record<string, string | boolean | undefined>>();
+  const options: RawOptions = {};
+  const s = (k: string): string | undefined => (typeof o[k] === 'string' ? (o[k] as string) : undefined);
+  const set = (key: keyof RawOptions, v: string | undefined): void => {
+    if (v !== undefined) (options as Record<string, unknown>)[key] = v;
+  };
+  set('config', s('config'));
+  set('writeConfigTo', s('writeConfigTo'));
+  set('state', s('state'));
+  set('portal', s('portal'));
+  set('kubeconfig', s('kubeconfig'));
+  set('master', s('master'));
+  set('hostnameOverride', s('hostnameOverride'));
+  set('bindAddress', s('bindAddress'));
+  set('proxyPortRange', s('proxyPortRange'));
+  set('udpTimeout', s('udpTimeout'));
+  set('maxUdpSessions', s('maxUdpSessions'));
+  set('metricsBindAddress', s('metricsBindAddress'));
+  set('healthzBindAddress', s('healthzBindAddress'));
+  set('iptablesSyncPeriod', s('syncPeriod') ?? s('iptablesSyncPeriod'));
+  set('iptablesMinSyncPeriod', s('minSyncPeriod') ?? s('iptablesMinSyncPeriod'));
+  set('nodeportAddresses', s('nodeportAddresses'));
+  set('serviceClusterIpRange', s('serviceClusterIpRange'));
+  set('shutdownGracePeriod', s('shutdownGracePeriod'));
+  set('configSyncPeriod', s('configSyncPeriod'));
+  set('logLevel', s('logLevel'));
+  if (o.cleanup === true) options.cleanup = true;
+  return { kind: 'run', options };
+}

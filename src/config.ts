@@ -1,0 +1,162 @@
+import { parseCIDR, parseHostPort, type HostPort } from './core/address.js';
+import { isIP } from './core/ip.js';
+import { parseDuration } from './core/duration.js';
+import { parsePortRange, type PortRange } from './core/port-allocator.js';
+import { UsageError } from './errors.js';
+import { LOG_LEVELS } from './log.js';
+import { PORTAL_MODES, type PortalMode } from './io/portal/portal.js';
+import type { LevelWithSilent } from 'pino';
+
+/** The validated configuration every part is built from. */
+export interface ProxyConfig {
+  /** `--state FILE`: Services and EndpointSlices from a file instead of the API. */
+  stateFile?: string;
+  portal: PortalMode;
+  /** `--bind-address`: where proxy ports listen (iptables portal). */
+  bindAddress: string;
+  proxyPortRange?: PortRange;
+  udpIdleTimeoutMs: number;
+  metricsBindAddress: HostPort;
+  healthzBindAddress: HostPort;
+  logLevel: LevelWithSilent;
+  hostnameOverride?: string;
+  kubeconfig?: string;
+  master?: string;
+  syncPeriodMs: number;
+  minSyncPeriodMs: number;
+  /** `--config-sync-period`: how often the API watch re-lists (kube-proxy's configSyncPeriod). */
+  configSyncPeriodMs: number;
+  /** `--nodeport-addresses`: CIDRs whose local addresses serve node ports; empty = all. */
+  nodePortAddresses: string[];
+  /** `--service-cluster-ip-range`: the range made local by the bind portal. */
+  serviceClusterIPRanges: string[];
+  shutdownGracePeriodMs: number;
+  /** Bound on UDP sessions per service port. */
+  maxUdpSessions: number;
+  cleanup: boolean;
+}
+
+/** The raw option values as the CLI hands them over (strings as typed). */
+export interface RawOptions {
+  state?: string;
+  portal?: string;
+  bindAddress?: string;
+  proxyPortRange?: string;
+  udpTimeout?: string;
+  metricsBindAddress?: string;
+  healthzBindAddress?: string;
+  logLevel?: string;
+  hostnameOverride?: string;
+  kubeconfig?: string;
+  master?: string;
+  iptablesSyncPeriod?: string;
+  iptablesMinSyncPeriod?: string;
+  nodeportAddresses?: string;
+  serviceClusterIpRange?: string;
+  shutdownGracePeriod?: string;
+  maxUdpSessions?: string;
+  configSyncPeriod?: string;
+  cleanup?: boolean;
+  /** `--config FILE`: a KubeProxyConfiguration whose values the flags override (kube-proxy-config.ts). */
+  config?: string;
+  /** `--write-config-to FILE`: write the effective configuration and exit. */
+  writeConfigTo?: string;
+}
+
+export const DEFAULTS = {
+  portal: 'loopback' as PortalMode,
+  bindAddress: '0.0.0.0',
+  udpTimeout: '250ms',
+  metricsBindAddress: '127.0.0.1:10249',
+  healthzBindAddress: '0.0.0.0:10256',
+  logLevel: 'info',
+  iptablesSyncPeriod: '30s',
+  iptablesMinSyncPeriod: '1s',
+  shutdownGracePeriod: '10s',
+  maxUdpSessions: '4096',
+  configSyncPeriod: '15m',
+};
+
+function flag(name: string, fn: () => unknown): void {
+  try {
+    fn();
+  } catch (err) {
+    if (err instanceof UsageError) throw new UsageError(`--${name}: ${err.message.replace(/^[^:]*: /, '')}`);
+    throw err;
+  }
+}
+
+function duration(name: string, value: string, min = 0): number {
+  let ms = 0;
+  flag(name, () => {
+    ms = parseDuration(value, name);
+  });
+  if (ms < min) throw new UsageError(`--${name}: ${value} is too short (at least ${min}ms)`);
+  return ms;
+}
+
+function oneOf<T extends string>(name: string, value: string, allowed: readonly T[]): T {
+  if (!(allowed as readonly string[]).includes(value)) {
+    throw new UsageError(`--${name}: "${value}" is not one of ${allowed.join(', ')}`);
+  }
+  return value as T;
+}
+
+function cidrList(name: string, value: string | undefined): string[] {
+  if (!value) return [];
+  const list = value.split(',').map((s) => s.trim()).filter(Boolean);
+  for (const c of list) parseCIDRFlag(name, c);
+  return list;
+}
+
+function parseCIDRFlag(name: string, c: string): void {
+  flag(name, () => parseCIDR(c, name));
+}
+
+/** Options (flags, later merged with a config file) -> validated ProxyConfig. Pure. */
+export function buildConfig(raw: RawOptions): ProxyConfig {
+  const portal = oneOf('portal', raw.portal ?? DEFAULTS.portal, PORTAL_MODES);
+  const bindAddress = raw.bindAddress ?? DEFAULTS.bindAddress;
+  if (!isIP(bindAddress)) throw new UsageError(`--bind-address: "${bindAddress}" is not an IP address`);
+  let proxyPortRange: PortRange | undefined;
+  flag('proxy-port-range', () => {
+    proxyPortRange = parsePortRange(raw.proxyPortRange ?? '');
+  });
+  let metricsBindAddress: HostPort = { host: '', port: 0 };
+  let healthzBindAddress: HostPort = { host: '', port: 0 };
+  flag('metrics-bind-address', () => {
+    metricsBindAddress = parseHostPort(raw.metricsBindAddress ?? DEFAULTS.metricsBindAddress, 'metrics-bind-address', 10249);
+  });
+  flag('healthz-bind-address', () => {
+    healthzBindAddress = parseHostPort(raw.healthzBindAddress ?? DEFAULTS.healthzBindAddress, 'healthz-bind-address', 10256);
+  });
+  const maxUdpSessions = Number(raw.maxUdpSessions ?? DEFAULTS.maxUdpSessions);
+  if (!Number.isInteger(maxUdpSessions) || maxUdpSessions < 1) {
+    throw new UsageError(`--max-udp-sessions: "${raw.maxUdpSessions}" is not a positive whole number`);
+  }
+  const config: ProxyConfig = {
+    portal,
+    bindAddress,
+    udpIdleTimeoutMs: duration('udp-timeout', raw.udpTimeout ?? DEFAULTS.udpTimeout, 1),
+    metricsBindAddress,
+    healthzBindAddress,
+    logLevel: oneOf('log-level', raw.logLevel ?? DEFAULTS.logLevel, LOG_LEVELS),
+    syncPeriodMs: duration('iptables-sync-period', raw.iptablesSyncPeriod ?? DEFAULTS.iptablesSyncPeriod, 1),
+    minSyncPeriodMs: duration('iptables-min-sync-period', raw.iptablesMinSyncPeriod ?? DEFAULTS.iptablesMinSyncPeriod),
+    configSyncPeriodMs: duration('config-sync-period', raw.configSyncPeriod ?? DEFAULTS.configSyncPeriod, 1),
+    nodePortAddresses: cidrList('nodeport-addresses', raw.nodeportAddresses),
+    serviceClusterIPRanges: cidrList('service-cluster-ip-range', raw.serviceClusterIpRange),
+    shutdownGracePeriodMs: duration('shutdown-grace-period', raw.shutdownGracePeriod ?? DEFAULTS.shutdownGracePeriod),
+    maxUdpSessions,
+    cleanup: raw.cleanup ?? false,
+  };
+  if (proxyPortRange) config.proxyPortRange = proxyPortRange;
+  if (raw.state) config.stateFile = raw.state;
+  if (raw.hostnameOverride) config.hostnameOverride = raw.hostnameOverride;
+  if (raw.kubeconfig) config.kubeconfig = raw.kubeconfig;
+  if (raw.master) config.master = raw.master;
+  if (config.minSyncPeriodMs > config.syncPeriodMs) {
+    throw new UsageError(`--iptables-min-sync-period (${raw.iptablesMinSyncPeriod}) must not exceed --iptables-sync-period (${raw.iptablesSyncPeriod ?? DEFAULTS.iptablesSyncPeriod})`);
+  }
+  return config;
+}

@@ -1,0 +1,236 @@
+import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
+import { problemString, type NodeInfo, type ObjectProblem } from './model.js';
+import { SERVICE_NAME_LABEL, validateEndpointSlice, validateService } from './validate.js';
+
+/**
+ * The last good Service and EndpointSlice objects, and which Services changed since the proxier
+ * last looked (kube-proxy's serviceChange / endpointsChange trackers, merged per key).
+ *
+ * Every object is validated on the way in. An invalid one is reported and not stored, and its
+ * last good version stays in force: this is how bad input, from a file or the API, keeps the
+ * last good state.
+ */
+
+/** What a source (file or API watch) drives; the cache is the only implementation that matters. */
+export interface StateSink {
+  upsertService(obj: V1Service): void;
+  deleteService(namespace: string, name: string): void;
+  upsertEndpointSlice(obj: V1EndpointSlice): void;
+  deleteEndpointSlice(namespace: string, name: string): void;
+  /** A full list: stored Services absent from it are removed. */
+  replaceServices(objs: readonly V1Service[]): void;
+  /** A full list: stored EndpointSlices absent from it are removed. */
+  replaceEndpointSlices(objs: readonly V1EndpointSlice[]): void;
+  setNode(node: NodeInfo): void;
+}
+
+export interface StateCacheOptions {
+  onProblem: (p: ObjectProblem) => void;
+}
+
+interface Meta {
+  metadata?: { namespace?: string; name?: string; resourceVersion?: string };
+}
+
+/** Per kind: the stored objects, and per rejected object its version and the problems reported for it. */
+class Store<T extends Meta> {
+  readonly objects = new Map<string, T>();
+  readonly reported = new Map<string, { version: string; problems: Set<string> }>();
+}
+
+export class StateCache implements StateSink {
+  private readonly onProblem: (p: ObjectProblem) => void;
+  private readonly services = new Store<V1Service>();
+  private readonly slices = new Store<V1EndpointSlice>();
+  /** Service key -> keys of the slices labelled for it. */
+  private readonly slicesByService = new Map<string, Set<string>>();
+  private readonly dirty = new Set<string>();
+  private currentNode: NodeInfo | undefined;
+
+  constructor(opts: StateCacheOptions) {
+    this.onProblem = opts.onProblem;
+  }
+
+  upsertService(obj: V1Service): void {
+    const svc = withNamespace(obj);
+    if (!this.admit(this.services, svc, validateService)) return;
+    const key = keyOf(svc);
+    if (isSameVersion(this.services.objects.get(key), svc)) return;
+    this.services.objects.set(key, svc);
+    this.dirty.add(key);
+  }
+
+  deleteService(namespace: string, name: string): void {
+    const key = `${namespace || 'default'}/${name}`;
+    this.services.reported.delete(key);
+    if (this.services.objects.delete(key)) this.dirty.add(key);
+  }
+
+  upsertEndpointSlice(obj: V1EndpointSlice): void {
+    const slice = withNamespace(obj);
+    if (!this.admit(this.slices, slice, validateEndpointSlice)) return;
+    const key = keyOf(slice);
+    const old = this.slices.objects.get(key);
+    if (isSameVersion(old, slice)) return;
+    if (old !== undefined) this.unindex(key, old);
+    this.slices.objects.set(key, slice);
+    const svcKey = serviceKeyOf(slice);
+    let set = this.slicesByService.get(svcKey);
+    if (set === undefined) this.slicesByService.set(svcKey, (set = new Set()));
+    set.add(key);
+    this.dirty.add(svcKey);
+  }
+
+  deleteEndpointSlice(namespace: string, name: string): void {
+    const key = `${namespace || 'default'}/${name}`;
+    this.slices.reported.delete(key);
+    const old = this.slices.objects.get(key);
+    if (old === undefined) return;
+    this.slices.objects.delete(key);
+    this.unindex(key, old);
+  }
+
+  replaceServices(objs: readonly V1Service[]): void {
+    const listed = new Set(objs.map((o) => keyOf(withNamespace(o))));
+    for (const key of [...this.services.objects.keys()]) {
+      if (!listed.has(key)) this.deleteService(...splitKey(key));
+    }
+    forgetUnlisted(this.services, listed);
+    for (const o of objs) this.upsertService(o);
+  }
+
+  replaceEndpointSlices(objs: readonly V1EndpointSlice[]): void {
+    const listed = new Set(objs.map((o) => keyOf(withNamespace(o))));
+    for (const key of [...this.slices.objects.keys()]) {
+      if (!listed.has(key)) this.deleteEndpointSlice(...splitKey(key));
+    }
+    forgetUnlisted(this.slices, listed);
+    for (const o of objs) this.upsertEndpointSlice(o);
+  }
+
+  /** Locality and topology depend on the node's name and zone: a change to either touches every Service. */
+  setNode(node: NodeInfo): void {
+    const old = this.currentNode;
+    this.currentNode = { ...node };
+    if (old === undefined || old.name !== node.name || old.zone !== node.zone) this.markAllDirty();
+  }
+
+  /** Service keys whose Service or slices changed since the last call. */
+  takeDirty(): Set<string> {
+    const taken = new Set(this.dirty);
+    this.dirty.clear();
+    return taken;
+  }
+
+  markAllDirty(): void {
+    for (const key of this.services.objects.keys()) this.dirty.add(key);
+    for (const key of this.slicesByService.keys()) this.dirty.add(key);
+  }
+
+  service(key: string): V1Service | undefined {
+    return this.services.objects.get(key);
+  }
+
+  /** The slices labelled for a Service, sorted by name. */
+  slicesFor(key: string): V1EndpointSlice[] {
+    const keys = [...(this.slicesByService.get(key) ?? [])].sort();
+    return keys.map((k) => this.slices.objects.get(k)).filter((s): s is V1EndpointSlice => s !== undefined);
+  }
+
+  serviceKeys(): string[] {
+    return [...this.services.objects.keys()].sort();
+  }
+
+  node(): NodeInfo | undefined {
+    return this.currentNode;
+  }
+
+  /**
+   * Validates; reports each problem once per object version (a resync or a re-read file sends the
+   * same bad object again and again). A valid object clears the record.
+   */
+  private admit<T extends Meta>(store: Store<T>, obj: T, validate: (o: T) => ObjectProblem[]): boolean {
+    const problems = validate(obj);
+    const key = keyOf(obj);
+    if (problems.length === 0) {
+      store.reported.delete(key);
+      return true;
+    }
+    const version = versionOf(obj);
+    let seen = store.reported.get(key);
+    if (seen?.version !== version) store.reported.set(key, (seen = { version, problems: new Set() }));
+    for (const p of problems) {
+      const id = problemString(p);
+      if (seen.problems.has(id)) continue;
+      seen.problems.add(id);
+      this.onProblem(p);
+    }
+    // Not stored: whatever version is stored (the last good one) stays in force.
+    return false;
+  }
+
+  private unindex(sliceKey: string, slice: V1EndpointSlice): void {
+    const svcKey = serviceKeyOf(slice);
+    const set = this.slicesByService.get(svcKey);
+    set?.delete(sliceKey);
+    if (set?.size === 0) this.slicesByService.delete(svcKey);
+    this.dirty.add(svcKey);
+  }
+}
+
+/** Objects with no namespace live in `default`, as kubectl puts them. Copies; never mutates the caller's object. */
+function withNamespace<T extends Meta>(obj: T): T {
+  if (obj.metadata?.namespace) return obj;
+  return { ...obj, metadata: { ...obj.metadata, namespace: 'default' } };
+}
+
+function keyOf(obj: Meta): string {
+  return `${obj.metadata?.namespace || 'default'}/${obj.metadata?.name ?? ''}`;
+}
+
+function serviceKeyOf(slice: V1EndpointSlice): string {
+  return `${slice.metadata?.namespace || 'default'}/${slice.metadata?.labels?.[SERVICE_NAME_LABEL] ?? ''}`;
+}
+
+function splitKey(key: string): [string, string] {
+  const i = key.indexOf('/');
+  return [key.slice(0, i), key.slice(i + 1)];
+}
+
+/** Problem records of objects no longer listed are dropped, so a re-added bad object is reported again. */
+function forgetUnlisted(store: Store<Meta>, listed: ReadonlySet<string>): void {
+  for (const key of [...store.reported.keys()]) {
+    if (!listed.has(key)) store.reported.delete(key);
+  }
+}
+
+/** The identity of one version: resourceVersion when the API set one, else the content. */
+function versionOf(obj: Meta): string {
+  return obj.metadata?.resourceVersion ?? JSON.stringify(obj);
+}
+
+/**
+ * Different resourceVersions mean a change (cheap test first). Equal ones are confirmed by
+ * content: a hand-edited file keeps the resourceVersion it was copied with from kubectl, so an
+ * equal resourceVersion alone would hide the edit.
+ */
+function isSameVersion(old: Meta | undefined, obj: Meta): boolean {
+  if (old === undefined) return false;
+  const a = old.metadata?.resourceVersion;
+  const b = obj.metadata?.resourceVersion;
+  if (a !== undefined && b !== undefined && a !== b) return false;
+  return deepEqual(old, obj);
+}
+
+export function deepEqual(a: unknown, b: unknown): boolean {
+  if (a === b) return true;
+  if (a instanceof Date || b instanceof Date) {
+    return a instanceof Date && b instanceof Date && a.getTime() === b.getTime();
+  }
+  if (typeof a !== 'object' || typeof b !== 'object' || a === null || b === null) return false;
+  if (Array.isArray(a) !== Array.isArray(b)) return false;
+  const ka = Object.keys(a).filter((k) => (a as Record<string, unknown>)[k] !== undefined);
+  const kb = Object.keys(b).filter((k) => (b as Record<string, unknown>)[k] !== undefined);
+  if (ka.length !== kb.length) return false;
+  return ka.every((k) => deepEqual((a as Record<string, unknown>)[k], (b as Record<string, unknown>)[k]));
+}

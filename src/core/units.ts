@@ -1,0 +1,90 @@
+import type { AffinityPolicy, Endpoint, PortalAddress, Protocol, ServicePort } from './model.js';
+
+/**
+ * A proxy unit is what the proxier runs: one balancer and one set of listeners for the portals
+ * that share an endpoint set. A service port is one unit, or two when its internal and external
+ * traffic policies differ: then external traffic (node ports, externalIPs, load-balancer IPs)
+ * needs its own proxy socket so it can be sent to node-local endpoints only.
+ */
+export type TrafficScope = 'all' | 'cluster' | 'external';
+
+export interface ProxyUnit {
+  /** `ns/name:port`, with ` (external)` for the external half of a split service port. */
+  id: string;
+  /** The service port's key (`ns/name:port`). */
+  servicePort: string;
+  /** The Service's key (`ns/name`). */
+  service: string;
+  protocol: Protocol;
+  scope: TrafficScope;
+  portals: PortalAddress[];
+  endpoints: Endpoint[];
+  affinity: AffinityPolicy;
+}
+
+export interface EndpointSets {
+  clusterEndpoints: Endpoint[];
+  externalEndpoints: Endpoint[];
+}
+
+export function clusterPortals(sp: ServicePort): PortalAddress[] {
+  return sp.clusterIPs.map((ip) => ({ kind: 'clusterIP', ip, port: sp.port }));
+}
+
+export function externalPortals(sp: ServicePort): PortalAddress[] {
+  const out: PortalAddress[] = [];
+  for (const ip of sp.externalIPs) out.push({ kind: 'externalIP', ip, port: sp.port });
+  for (const ip of sp.loadBalancerIPs) out.push({ kind: 'loadBalancer', ip, port: sp.port });
+  if (sp.nodePort > 0) out.push({ kind: 'nodePort', ip: '', port: sp.nodePort });
+  return out;
+}
+
+export function planUnits(sp: ServicePort, sets: EndpointSets): ProxyUnit[] {
+  const base = {
+    servicePort: sp.key,
+    service: `${sp.name.namespace}/${sp.name.name}`,
+    protocol: sp.protocol,
+    affinity: sp.affinity,
+  };
+  const external = externalPortals(sp);
+  if (external.length === 0 || sp.internalTrafficPolicy === sp.externalTrafficPolicy) {
+    return [{ ...base, id: sp.key, scope: 'all', portals: [...clusterPortals(sp), ...external], endpoints: sets.clusterEndpoints }];
+  }
+  return [
+    { ...base, id: sp.key, scope: 'cluster', portals: clusterPortals(sp), endpoints: sets.clusterEndpoints },
+    { ...base, id: `${sp.key} (external)`, scope: 'external', portals: external, endpoints: sets.externalEndpoints },
+  ];
+}
+
+export function portalKey(p: PortalAddress): string {
+  return `${p.kind}|${p.ip}|${p.port}`;
+}
+
+/** Whether two units need different sockets (protocol or portals changed): then the listener is recreated. */
+export function needsRecreate(a: ProxyUnit, b: ProxyUnit): boolean {
+  if (a.protocol !== b.protocol || a.portals.length !== b.portals.length) return true;
+  const keys = new Set(a.portals.map(portalKey));
+  return b.portals.some((p) => !keys.has(portalKey(p)));
+}
+
+export interface UnitDiff {
+  open: ProxyUnit[];
+  close: ProxyUnit[];
+  recreate: Array<{ from: ProxyUnit; to: ProxyUnit }>;
+  update: Array<{ from: ProxyUnit; to: ProxyUnit }>;
+}
+
+/** Desired vs running units of one Service (or of all): what to open, close, recreate, update. */
+export function diffUnits(running: readonly ProxyUnit[], desired: readonly ProxyUnit[]): UnitDiff {
+  const diff: UnitDiff = { open: [], close: [], recreate: [], update: [] };
+  const byId = new Map(running.map((u) => [u.id, u]));
+  for (const to of desired) {
+    const from = byId.get(to.id);
+    if (!from) diff.open.push(to);
+    else if (needsRecreate(from, to)) diff.recreate.push({ from, to });
+    else diff.update.push({ from, to });
+    byId.delete(to.id);
+  }
+  diff.close.push(...byId.values());
+  return diff;
+}

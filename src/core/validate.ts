@@ -1,0 +1,318 @@
+import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
+import type { ObjectProblem } from './model.js';
+import { ipFamily, isIP } from './ip.js';
+
+/**
+ * Checks what the proxy relies on, no more: objects come from an API server (already validated
+ * there, but perhaps by a newer or older version) or from a hand-written file (validated by
+ * nobody). Values are read as `unknown` because a YAML file can put a string where the type
+ * says number. Unknown extra fields are fine: real objects carry many.
+ */
+
+export const SERVICE_NAME_LABEL = 'kubernetes.io/service-name';
+
+const PROTOCOLS = ['TCP', 'UDP', 'SCTP'];
+const SERVICE_TYPES = ['ClusterIP', 'NodePort', 'LoadBalancer', 'ExternalName'];
+const AFFINITIES = ['None', 'ClientIP'];
+const TRAFFIC_POLICIES = ['Cluster', 'Local'];
+const ADDRESS_TYPES = ['IPv4', 'IPv6', 'FQDN'];
+const MAX_AFFINITY_TIMEOUT_SECONDS = 86400;
+
+// DNS-1123 subdomain: what object names must be; it also keeps `/` and `:` out of our keys.
+const DNS_SUBDOMAIN = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$/;
+const DNS_LABEL = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/;
+
+/** Collects problems for one object; `at` names the field, `fail` records one. */
+class Report {
+  readonly problems: ObjectProblem[] = [];
+  constructor(readonly object: string) {}
+  fail(field: string, message: string): void {
+    this.problems.push({ object: this.object, field, message });
+  }
+}
+
+/** `Service ns/name`, as problems and logs name an object; tolerant of any shape. */
+export function objectLabel(kind: string, obj: unknown): string {
+  const meta = isRecord(obj) && isRecord(obj.metadata) ? obj.metadata : {};
+  const ns = typeof meta.namespace === 'string' && meta.namespace !== '' ? meta.namespace : 'default';
+  const name = typeof meta.name === 'string' && meta.name !== '' ? meta.name : '<unnamed>';
+  return `${kind} ${ns}/${name}`;
+}
+
+export function validateService(svc: V1Service): ObjectProblem[] {
+  const r = new Report(objectLabel('Service', svc));
+  if (!isRecord(svc)) {
+    r.fail('', 'not an object');
+    return r.problems;
+  }
+  checkMetadata(r, svc.metadata);
+  const spec: unknown = svc.spec;
+  if (spec !== undefined && !isRecord(spec)) r.fail('spec', 'must be an object');
+  if (isRecord(spec)) checkServiceSpec(r, spec);
+  const status: unknown = svc.status;
+  const lb = isRecord(status) ? status.loadBalancer : undefined;
+  checkLoadBalancerStatus(r, isRecord(lb) ? lb.ingress : undefined);
+  return r.problems;
+}
+
+export function validateEndpointSlice(slice: V1EndpointSlice): ObjectProblem[] {
+  const r = new Report(objectLabel('EndpointSlice', slice));
+  if (!isRecord(slice)) {
+    r.fail('', 'not an object');
+    return r.problems;
+  }
+  checkMetadata(r, slice.metadata);
+  const label: unknown = slice.metadata?.labels?.[SERVICE_NAME_LABEL];
+  if (typeof label !== 'string' || label === '') {
+    r.fail(`metadata.labels["${SERVICE_NAME_LABEL}"]`, 'missing: the proxy finds a slice\'s Service by this label');
+  }
+  const addressType: unknown = slice.addressType;
+  if (!ADDRESS_TYPES.includes(addressType as string)) {
+    r.fail('addressType', `must be one of ${ADDRESS_TYPES.join(', ')}, got ${show(addressType)}`);
+  }
+  checkSliceEndpoints(r, slice.endpoints, addressType);
+  checkSlicePorts(r, slice.ports);
+  return r.problems;
+}
+
+function checkMetadata(r: Report, meta: unknown): void {
+  if (!isRecord(meta)) {
+    r.fail('metadata', 'missing');
+    return;
+  }
+  const { name, namespace } = meta;
+  if (typeof name !== 'string' || name === '') r.fail('metadata.name', 'missing');
+  else if (name.length > 253 || !DNS_SUBDOMAIN.test(name)) r.fail('metadata.name', `${show(name)} is not a valid object name`);
+  if (namespace !== undefined && namespace !== '' && (typeof namespace !== 'string' || !DNS_LABEL.test(namespace))) {
+    r.fail('metadata.namespace', `${show(namespace)} is not a valid namespace`);
+  }
+}
+
+function checkServiceSpec(r: Report, spec: Record<string, unknown>): void {
+  checkOneOf(r, 'spec.type', spec.type, SERVICE_TYPES);
+  checkClusterIPs(r, spec);
+  checkIPList(r, 'spec.externalIPs', spec.externalIPs);
+  checkServicePorts(r, spec.ports);
+  checkOneOf(r, 'spec.sessionAffinity', spec.sessionAffinity, AFFINITIES);
+  checkAffinityTimeout(r, spec.sessionAffinityConfig);
+  checkOneOf(r, 'spec.internalTrafficPolicy', spec.internalTrafficPolicy, TRAFFIC_POLICIES);
+  checkOneOf(r, 'spec.externalTrafficPolicy', spec.externalTrafficPolicy, TRAFFIC_POLICIES);
+  if (spec.healthCheckNodePort !== undefined && spec.healthCheckNodePort !== 0) {
+    checkPort(r, 'spec.healthCheckNodePort', spec.healthCheckNodePort);
+  }
+  if (spec.trafficDistribution !== undefined && typeof spec.trafficDistribution !== 'string') {
+    r.fail('spec.trafficDistribution', 'must be a string');
+  }
+}
+
+/** `clusterIP` and `clusterIPs` may each be absent, empty or `None`; otherwise IPs, one per family. */
+function checkClusterIPs(r: Report, spec: Record<string, unknown>): void {
+  const { clusterIP, clusterIPs } = spec;
+  if (clusterIP !== undefined && clusterIP !== '' && clusterIP !== 'None' && !isIPText(clusterIP)) {
+    r.fail('spec.clusterIP', `${show(clusterIP)} is not an IP address`);
+  }
+  if (clusterIPs === undefined || clusterIPs === null) return;
+  if (!Array.isArray(clusterIPs)) {
+    r.fail('spec.clusterIPs', 'must be a list');
+    return;
+  }
+  if (clusterIPs.length > 2) r.fail('spec.clusterIPs', 'at most two addresses, one per IP family');
+  const headless = clusterIPs[0] === 'None';
+  if (headless && clusterIPs.length > 1) r.fail('spec.clusterIPs', '"None" must be the only entry');
+  if (!headless) {
+    clusterIPs.forEach((ip, i) => {
+      if (!isIPText(ip)) r.fail(`spec.clusterIPs[${i}]`, `${show(ip)} is not an IP address`);
+    });
+    if (clusterIPs.length === 2 && ipFamilyOf(clusterIPs[0]) === ipFamilyOf(clusterIPs[1])) {
+      r.fail('spec.clusterIPs[1]', 'dual-stack clusterIPs must be of different IP families');
+    }
+  }
+  if (typeof clusterIP === 'string' && clusterIP !== '' && clusterIPs.length > 0 && clusterIPs[0] !== clusterIP) {
+    r.fail('spec.clusterIPs[0]', `must equal spec.clusterIP (${show(clusterIP)}), got ${show(clusterIPs[0])}`);
+  }
+}
+
+function checkServicePorts(r: Report, ports: unknown): void {
+  if (ports === undefined || ports === null) return;
+  if (!Array.isArray(ports)) {
+    r.fail('spec.ports', 'must be a list');
+    return;
+  }
+  // Port names key everything (`ns/name:port`): with several ports, each needs its own.
+  const seen = new Set<string>();
+  ports.forEach((p: unknown, i) => {
+    const at = `spec.ports[${i}]`;
+    if (!isRecord(p)) {
+      r.fail(at, 'must be an object');
+      return;
+    }
+    const name = p.name ?? '';
+    if (typeof name !== 'string') r.fail(`${at}.name`, 'must be a string');
+    else if (name === '' && ports.length > 1) r.fail(`${at}.name`, 'required when the Service has more than one port');
+    else if (seen.has(name)) r.fail(`${at}.name`, `duplicate port name ${show(name)}`);
+    else seen.add(name);
+    checkPort(r, `${at}.port`, p.port);
+    if (p.nodePort !== undefined && p.nodePort !== 0) checkPort(r, `${at}.nodePort`, p.nodePort);
+    checkTargetPort(r, `${at}.targetPort`, p.targetPort);
+    checkOneOf(r, `${at}.protocol`, p.protocol, PROTOCOLS);
+  });
+}
+
+/** A number is a port; a string names a container port and must not be empty. */
+function checkTargetPort(r: Report, at: string, v: unknown): void {
+  if (v === undefined || v === null) return;
+  if (typeof v === 'string') {
+    if (v === '') r.fail(at, 'must not be empty');
+    return;
+  }
+  checkPort(r, at, v);
+}
+
+function checkAffinityTimeout(r: Report, config: unknown): void {
+  if (config === undefined || config === null) return;
+  const at = 'spec.sessionAffinityConfig.clientIP.timeoutSeconds';
+  const t = isRecord(config) && isRecord(config.clientIP) ? config.clientIP.timeoutSeconds : undefined;
+  if (t === undefined || t === null) return;
+  if (!Number.isInteger(t) || (t as number) < 1 || (t as number) > MAX_AFFINITY_TIMEOUT_SECONDS) {
+    r.fail(at, `must be an integer from 1 to ${MAX_AFFINITY_TIMEOUT_SECONDS}, got ${show(t)}`);
+  }
+}
+
+function checkLoadBalancerStatus(r: Report, ingress: unknown): void {
+  if (ingress === undefined || ingress === null) return;
+  if (!Array.isArray(ingress)) {
+    r.fail('status.loadBalancer.ingress', 'must be a list');
+    return;
+  }
+  ingress.forEach((ing: unknown, i) => {
+    const ip = isRecord(ing) ? ing.ip : undefined;
+    if (ip !== undefined && ip !== '' && !isIPText(ip)) {
+      r.fail(`status.loadBalancer.ingress[${i}].ip`, `${show(ip)} is not an IP address`);
+    }
+  });
+}
+
+function checkSliceEndpoints(r: Report, endpoints: unknown, addressType: unknown): void {
+  // An empty slice is sent as `endpoints: null`.
+  if (endpoints === undefined || endpoints === null) return;
+  if (!Array.isArray(endpoints)) {
+    r.fail('endpoints', 'must be a list');
+    return;
+  }
+  const family = addressType === 'IPv4' ? 4 : addressType === 'IPv6' ? 6 : undefined;
+  endpoints.forEach((ep: unknown, i) => {
+    const at = `endpoints[${i}]`;
+    if (!isRecord(ep)) {
+      r.fail(at, 'must be an object');
+      return;
+    }
+    checkEndpointAddresses(r, `${at}.addresses`, ep.addresses, family);
+    checkConditions(r, `${at}.conditions`, ep.conditions);
+    if (ep.nodeName !== undefined && typeof ep.nodeName !== 'string') r.fail(`${at}.nodeName`, 'must be a string');
+    if (ep.zone !== undefined && typeof ep.zone !== 'string') r.fail(`${at}.zone`, 'must be a string');
+    checkHints(r, `${at}.hints`, ep.hints);
+  });
+}
+
+/** FQDN slices are ignored by the proxy, so their addresses are not checked as IPs. */
+function checkEndpointAddresses(r: Report, at: string, addresses: unknown, family: 4 | 6 | undefined): void {
+  if (!Array.isArray(addresses) || addresses.length === 0) {
+    r.fail(at, 'must list at least one address');
+    return;
+  }
+  if (family === undefined) return;
+  addresses.forEach((a: unknown, j) => {
+    const got = typeof a === 'string' ? ipFamily(a) : undefined;
+    if (got === undefined) r.fail(`${at}[${j}]`, `${show(a)} is not an IP address`);
+    else if (got !== family) r.fail(`${at}[${j}]`, `${show(a)} is not an IPv${family} address (addressType IPv${family})`);
+  });
+}
+
+function checkConditions(r: Report, at: string, conditions: unknown): void {
+  if (conditions === undefined || conditions === null) return;
+  if (!isRecord(conditions)) {
+    r.fail(at, 'must be an object');
+    return;
+  }
+  for (const c of ['ready', 'serving', 'terminating']) {
+    const v = conditions[c];
+    if (v !== undefined && v !== null && typeof v !== 'boolean') r.fail(`${at}.${c}`, `must be true or false, got ${show(v)}`);
+  }
+}
+
+function checkHints(r: Report, at: string, hints: unknown): void {
+  if (hints === undefined || hints === null) return;
+  if (!isRecord(hints)) {
+    r.fail(at, 'must be an object');
+    return;
+  }
+  for (const list of ['forZones', 'forNodes']) {
+    const v = hints[list];
+    if (v === undefined || v === null) continue;
+    if (!Array.isArray(v) || !v.every((h: unknown) => isRecord(h) && typeof h.name === 'string')) {
+      r.fail(`${at}.${list}`, 'must be a list of {name}');
+    }
+  }
+}
+
+function checkSlicePorts(r: Report, ports: unknown): void {
+  if (ports === undefined || ports === null) return;
+  if (!Array.isArray(ports)) {
+    r.fail('ports', 'must be a list');
+    return;
+  }
+  ports.forEach((p: unknown, i) => {
+    const at = `ports[${i}]`;
+    if (!isRecord(p)) {
+      r.fail(at, 'must be an object');
+      return;
+    }
+    if (p.name !== undefined && p.name !== null && typeof p.name !== 'string') r.fail(`${at}.name`, 'must be a string');
+    // A port left unset means "all ports"; the proxy skips it, as kube-proxy does.
+    if (p.port !== undefined && p.port !== null) checkPort(r, `${at}.port`, p.port);
+    checkOneOf(r, `${at}.protocol`, p.protocol, PROTOCOLS);
+  });
+}
+
+function checkPort(r: Report, at: string, v: unknown): void {
+  if (v === undefined || v === null) r.fail(at, 'missing');
+  else if (!Number.isInteger(v) || (v as number) < 1 || (v as number) > 65535) {
+    r.fail(at, `must be an integer from 1 to 65535, got ${show(v)}`);
+  }
+}
+
+/** Absent (or null) is fine: the API server's default applies. */
+function checkOneOf(r: Report, at: string, v: unknown, allowed: readonly string[]): void {
+  if (v === undefined || v === null) return;
+  if (typeof v !== 'string' || !allowed.includes(v)) {
+    r.fail(at, `must be one of ${allowed.join(', ')}, got ${show(v)}`);
+  }
+}
+
+function checkIPList(r: Report, at: string, v: unknown): void {
+  if (v === undefined || v === null) return;
+  if (!Array.isArray(v)) {
+    r.fail(at, 'must be a list');
+    return;
+  }
+  v.forEach((ip: unknown, i) => {
+    if (!isIPText(ip)) r.fail(`${at}[${i}]`, `${show(ip)} is not an IP address`);
+  });
+}
+
+function isIPText(v: unknown): boolean {
+  return typeof v === 'string' && isIP(v);
+}
+
+function ipFamilyOf(v: unknown): 4 | 6 | undefined {
+  return typeof v === 'string' ? ipFamily(v) : undefined;
+}
+
+function isRecord(v: unknown): v is Record<string, unknown> {
+  return typeof v === 'object' && v !== null && !Array.isArray(v);
+}
+
+function show(v: unknown): string {
+  if (v === undefined) return 'nothing';
+  return JSON.stringify(v) ?? String(v);
+}

@@ -1,0 +1,81 @@
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import type { Logger } from '../../log.js';
+
+export type Route = (req: IncomingMessage, res: ServerResponse) => void | Promise<void>;
+
+export function sendJson(res: ServerResponse, status: number, body: unknown): void {
+  const text = `${JSON.stringify(body, null, 2)}\n`;
+  res.writeHead(status, { 'Content-Type': 'application/json', 'Content-Length': Buffer.byteLength(text), 'X-Content-Type-Options': 'nosniff' });
+  res.end(text);
+}
+
+export function sendText(res: ServerResponse, status: number, text: string, contentType = 'text/plain; charset=utf-8'): void {
+  res.writeHead(status, { 'Content-Type': contentType, 'Content-Length': Buffer.byteLength(text) });
+  res.end(text);
+}
+
+/**
+ * A small HTTP server with exact-path routes (GET and HEAD only): the admin, health and metrics
+ * endpoints need nothing more, so no framework.
+ */
+export class HttpServer {
+  private readonly server: Server;
+  private readonly routes = new Map<string, Route>();
+
+  constructor(private readonly logger: Logger) {
+    this.server = createServer((req, res) => void this.handle(req, res));
+    this.server.keepAliveTimeout = 5000;
+  }
+
+  route(path: string, handler: Route): this {
+    this.routes.set(path, handler);
+    return this;
+  }
+
+  paths(): string[] {
+    return [...this.routes.keys()];
+  }
+
+  async listen(host: string, port: number): Promise<AddressInfo> {
+    await new Promise<void>((resolve, reject) => {
+      const onError = (err: Error): void => reject(err);
+      this.server.once('error', onError);
+      this.server.listen({ host: host || undefined, port }, () => {
+        this.server.off('error', onError);
+        resolve();
+      });
+    });
+    this.server.on('error', (err) => this.logger.error({ err }, 'HTTP server error'));
+    return this.server.address() as AddressInfo;
+  }
+
+  async close(): Promise<void> {
+    if (!this.server.listening) return;
+    await new Promise<void>((resolve) => {
+      this.server.close(() => resolve());
+      this.server.closeAllConnections();
+    });
+  }
+
+  private async handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const path = (req.url ?? '/').split('?')[0] as string;
+    const route = this.routes.get(path);
+    if (!route) {
+      sendText(res, 404, `404 page not found; try ${this.paths().join(', ')}\n`);
+      return;
+    }
+    if (req.method !== 'GET' && req.method !== 'HEAD') {
+      res.setHeader('Allow', 'GET, HEAD');
+      sendText(res, 405, 'method not allowed\n');
+      return;
+    }
+    try {
+      await route(req, res);
+    } catch (err) {
+      this.logger.error({ err, path }, 'HTTP handler failed');
+      if (!res.headersSent) sendText(res, 500, 'internal error\n');
+      else res.destroy();
+    }
+  }
+}

@@ -1,0 +1,20 @@
+/**
+ * The API resources the proxy reads, and the verbs it uses on them: the watch code builds its
+ * requests from this list, and the deploy test checks that the ClusterRole grants exactly these.
+ */
+export interface ApiResource {
+  /** API group; '' is the core group. */
+  group: string;
+  version: string;
+  resource: string;
+  verbs: readonly string[];
+}
+
+export const API_RESOURCES = {
+  services: { group: '', version: 'v1', resource: 'services', verbs: ['list', 'watch'] },
+  endpointSlices: { group: 'discovery.k8s.io', version: 'v1', resource: 'endpointslices', verbs: ['list', 'watch'] },
+  nodes: { group: '', version: 'v1', resource: 'nodes', verbs: ['get', 'list', 'watch'] },
+} as const satisfies Record<string, ApiResource>;
+
+/** kube-proxy's label selector for Services and EndpointSlices it should program. */
+export const PROXY_LABEL_SELECTOR = '!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless';

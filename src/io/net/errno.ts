@@ -1,0 +1,25 @@
+import type { DialFailureReason } from '../../core/stats.js';
+import { errnoCode } from '../../errors.js';
+
+/** The stats bucket of a failed dial, by errno (never by message text). */
+export function dialFailureReason(err: unknown): DialFailureReason {
+  switch (errnoCode(err)) {
+    case 'ECONNREFUSED':
+      return 'refused';
+    case 'ETIMEDOUT':
+      return 'timeout';
+    case 'EHOSTUNREACH':
+    case 'ENETUNREACH':
+    case 'EHOSTDOWN':
+    case 'ENETDOWN':
+      return 'unreachable';
+    default:
+      return 'other';
+  }
+}
+
+/** The process (EMFILE) or the system (ENFILE) ran out of file descriptors. */
+export function isOutOfDescriptors(err: unknown): boolean {
+  const code = errnoCode(err);
+  return code === 'EMFILE' || code === 'ENFILE';
+}

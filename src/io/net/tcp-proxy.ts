@@ -1,0 +1,268 @@
+import { createServer, type AddressInfo, type Server, type Socket } from 'node:net';
+import type { LoadBalancer } from '../../core/balancer/load-balancer.js';
+import type { Endpoint } from '../../core/model.js';
+import { ServicePortStats } from '../../core/stats.js';
+import type { Logger } from '../../log.js';
+import type { Dialer } from './dialer.js';
+import { dialFailureReason, isOutOfDescriptors } from './errno.js';
+import { listenKey } from './listen-key.js';
+import type { BoundAddress, ListenAddress, ProxySocket } from './proxy-socket.js';
+import { RateLimiter } from './rate-limiter.js';
+import { resetSocket, type TcpConn } from './tcp-conn.js';
+
+/** Upstream's endpointDialTimeout: one attempt per entry, each on a freshly picked endpoint. */
+export const DEFAULT_DIAL_TIMEOUTS_MS: readonly number[] = [250, 500, 1000, 2000];
+
+export interface TcpProxySocketOptions {
+  /** The service port key, for logs. */
+  name: string;
+  balancer: LoadBalancer;
+  dialer: Dialer;
+  logger: Logger;
+  stats?: ServicePortStats;
+  dialTimeoutsMs?: readonly number[];
+}
+
+/**
+ * A proxied TCP service port (upstream tcpProxySocket): any number of listeners sharing one
+ * balancer, dialer and stats. Each accepted client is spliced to one endpoint; bytes are copied
+ * both ways with backpressure and half-close passed through.
+ */
+export class TcpProxySocket implements ProxySocket {
+  readonly protocol = 'TCP' as const;
+  readonly stats: ServicePortStats;
+  private readonly balancer: LoadBalancer;
+  private readonly dialer: Dialer;
+  private readonly log: Logger;
+  private readonly dialTimeoutsMs: readonly number[];
+  private readonly listeners = new Map<string, { server: Server; bound: BoundAddress }>();
+  private readonly conns = new Set<TcpConn>();
+  private drainWaiters: (() => void)[] = [];
+  private readonly fdWarnings = new RateLimiter(1000);
+
+  constructor(opts: TcpProxySocketOptions) {
+    this.stats = opts.stats ?? new ServicePortStats();
+    this.balancer = opts.balancer;
+    this.dialer = opts.dialer;
+    this.log = opts.logger.child({ component: 'tcp-proxy', service: opts.name });
+    this.dialTimeoutsMs = opts.dialTimeoutsMs ?? DEFAULT_DIAL_TIMEOUTS_MS;
+  }
+
+  listen(addr: ListenAddress): Promise<BoundAddress> {
+    // pauseOnConnect: nothing is read from the client until its endpoint is connected, so bytes wait
+    // in the kernel during the dial instead of piling up in memory.
+    const server = createServer({ allowHalfOpen: true, pauseOnConnect: true, noDelay: true });
+    server.on('connection', (client) => this.accept(client));
+    return new Promise((resolve, reject) => {
+      server.once('error', reject);
+      // ipv6Only: a listener on :: must not also take the IPv4 port, which another listener may hold.
+      server.listen({ host: addr.host, port: addr.port, ipv6Only: addr.host.includes(':') }, () => {
+        server.off('error', reject);
+        const info = server.address() as AddressInfo;
+        const bound = { host: info.address, port: info.port };
+        server.on('error', (err) => this.onListenerError(err, bound));
+        this.listeners.set(listenKey(bound), { server, bound });
+        resolve(bound);
+      });
+    });
+  }
+
+  addresses(): BoundAddress[] {
+    return [...this.listeners.values()].map((l) => ({ ...l.bound }));
+  }
+
+  async unlisten(addr: BoundAddress): Promise<void> {
+    const key = listenKey(addr);
+    const listener = this.listeners.get(key);
+    if (!listener) return; // already gone is not a failure
+    this.listeners.delete(key);
+    // The listening descriptor is closed at once; server.close()'s callback would wait for every
+    // connection it accepted, which live on by design.
+    listener.server.close();
+  }
+
+  async close(): Promise<void> {
+    for (const bound of this.addresses()) await this.unlisten(bound);
+  }
+
+  active(): number {
+    return this.conns.size;
+  }
+
+  drained(): Promise<void> {
+    if (this.conns.size === 0) return Promise.resolve();
+    return new Promise((resolve) => this.drainWaiters.push(resolve));
+  }
+
+  destroyAll(): void {
+    for (const conn of this.conns) {
+      resetSocket(conn.client);
+      if (conn.upstream) resetSocket(conn.upstream);
+    }
+  }
+
+  sweep(_nowMs: number): void {
+    // Nothing idles out on TCP: connections end when their peers end them.
+  }
+
+  private accept(client: Socket): void {
+    this.stats.accepted++;
+    const clientIP = client.remoteAddress;
+    if (clientIP === undefined) {
+      client.destroy(); // the client left before we saw it
+      return;
+    }
+    const conn: TcpConn = {
+      client,
+      clientIP,
+      clientPort: client.remotePort ?? 0,
+      upstream: undefined,
+      endpoint: undefined,
+      dialing: false,
+      holds: 1,
+    };
+    this.conns.add(conn);
+    this.stats.active++;
+    client.on('error', (err) => this.onSideError(conn, 'client', err));
+    client.once('close', () => this.release(conn));
+    this.route(conn);
+  }
+
+  /** Pick the first endpoint synchronously, so a port without endpoints resets before any I/O. */
+  private route(conn: TcpConn): void {
+    const endpoint = this.balancer.nextEndpoint(conn.clientIP, false);
+    if (endpoint === undefined) {
+      this.stats.noEndpointRejects++;
+      if (this.log.isLevelEnabled('debug')) this.log.debug({ client: conn.clientIP }, 'no endpoints: resetting client');
+      resetSocket(conn.client);
+      return;
+    }
+    conn.dialing = true;
+    conn.holds++;
+    this.dialWithRetries(conn, endpoint).catch((err: unknown) => {
+      this.log.error({ err }, 'bug: dial loop failed');
+      resetSocket(conn.client);
+      this.endDial(conn);
+    });
+  }
+
+  /**
+   * Upstream tryConnect: one attempt per dial timeout, each after the first on an endpoint picked
+   * afresh with sessionAffinityReset, so a sticky client is not stuck on a dead endpoint.
+   */
+  private async dialWithRetries(conn: TcpConn, first: Endpoint): Promise<void> {
+    for (let attempt = 0; attempt < this.dialTimeoutsMs.length; attempt++) {
+      const endpoint = attempt === 0 ? first : this.balancer.nextEndpoint(conn.clientIP, true);
+      if (endpoint === undefined) break;
+      let upstream: Socket;
+      try {
+        upstream = await this.dialOnce(conn, endpoint, this.dialTimeoutsMs[attempt] as number);
+      } catch (err) {
+        this.onDialFailed(conn, endpoint, err);
+        // Another endpoint would fail the same way, and a client that is gone needs no endpoint.
+        if (isOutOfDescriptors(err) || conn.client.destroyed) break;
+        continue;
+      }
+      this.splice(conn, endpoint, upstream);
+      return;
+    }
+    this.giveUp(conn);
+  }
+
+  private async dialOnce(conn: TcpConn, endpoint: Endpoint, timeoutMs: number): Promise<Socket> {
+    this.stats.dialAttempts++;
+    const started = performance.now();
+    const upstream = await this.dialer.dial({
+      endpoint,
+      clientAddress: conn.clientIP,
+      clientPort: conn.clientPort,
+      localAddress: conn.client.localAddress ?? '',
+      localPort: conn.client.localPort ?? 0,
+      timeoutMs,
+    });
+    this.stats.observeDialLatency((performance.now() - started) / 1000);
+    return upstream;
+  }
+
+  private onDialFailed(conn: TcpConn, endpoint: Endpoint, err: unknown): void {
+    this.stats.dialFailures[dialFailureReason(err)]++;
+    // Every endpoint handed out is handed back, so a least-connections balancer keeps true counts.
+    this.balancer.release(endpoint);
+    if (isOutOfDescriptors(err)) this.warnOutOfDescriptors(err, 'dial');
+    else if (this.log.isLevelEnabled('debug')) this.log.debug({ err, client: conn.clientIP, endpoint: endpoint.addr }, 'dial failed');
+  }
+
+  private giveUp(conn: TcpConn): void {
+    // A client cut while we dialed (destroyAll) was not turned away for want of an endpoint.
+    if (!conn.client.destroyed) this.stats.dialExhausted++;
+    if (this.log.isLevelEnabled('debug')) this.log.debug({ client: conn.clientIP }, 'no endpoint could be dialed: resetting client');
+    resetSocket(conn.client);
+    this.endDial(conn);
+  }
+
+  private endDial(conn: TcpConn): void {
+    if (!conn.dialing) return;
+    conn.dialing = false;
+    this.release(conn);
+  }
+
+  /** Copy both ways. pipe() ends the other side when one side ends, which passes half-close on. */
+  private splice(conn: TcpConn, endpoint: Endpoint, upstream: Socket): void {
+    conn.endpoint = endpoint;
+    conn.upstream = upstream;
+    conn.holds++; // the upstream socket, released on its 'close'
+    upstream.on('error', (err) => this.onSideError(conn, 'endpoint', err));
+    upstream.once('close', () => this.release(conn));
+    this.endDial(conn);
+    if (conn.client.destroyed) {
+      upstream.destroy(); // cut (destroyAll) or gone while we dialed
+      return;
+    }
+    if (this.log.isLevelEnabled('debug')) this.log.debug({ client: conn.clientIP, endpoint: endpoint.addr }, 'connected');
+    conn.client.pipe(upstream);
+    upstream.pipe(conn.client);
+  }
+
+  /**
+   * An error on one side ends the connection: the other side is reset rather than ended, so the
+   * peer cannot mistake a truncated stream for a complete one.
+   */
+  private onSideError(conn: TcpConn, side: 'client' | 'endpoint', err: Error): void {
+    if (this.log.isLevelEnabled('debug')) this.log.debug({ err, client: conn.clientIP, endpoint: conn.endpoint?.addr, side }, 'connection error');
+    const other = side === 'client' ? conn.upstream : conn.client;
+    if (other) resetSocket(other);
+  }
+
+  private release(conn: TcpConn): void {
+    conn.holds--;
+    if (conn.holds > 0) return;
+    this.conns.delete(conn);
+    this.stats.active--;
+    this.stats.bytesToClient += conn.client.bytesWritten;
+    if (conn.upstream) this.stats.bytesToEndpoint += conn.upstream.bytesWritten;
+    if (conn.endpoint) this.balancer.release(conn.endpoint);
+    if (this.log.isLevelEnabled('debug')) {
+      this.log.debug({ client: conn.clientIP, endpoint: conn.endpoint?.addr, toEndpoint: conn.upstream?.bytesWritten, toClient: conn.client.bytesWritten }, 'connection closed');
+    }
+    if (this.conns.size === 0) this.notifyDrained();
+  }
+
+  private notifyDrained(): void {
+    const waiters = this.drainWaiters;
+    this.drainWaiters = [];
+    for (const resolve of waiters) resolve();
+  }
+
+  private onListenerError(err: Error, bound: BoundAddress): void {
+    // libuv absorbs most accept EMFILEs itself (it closes the pending connections with a reserved
+    // descriptor); those that surface are logged the same way as a dial's.
+    if (isOutOfDescriptors(err)) this.warnOutOfDescriptors(err, 'accept');
+    else this.log.error({ err, address: listenKey(bound) }, 'listener error');
+  }
+
+  private warnOutOfDescriptors(err: unknown, during: 'accept' | 'dial'): void {
+    const held = this.fdWarnings.take();
+    if (held === undefined) return;
+    this.log.warn({ err, during, suppressed: held }, 'out of file descriptors: connection dropped');
+  }
+}

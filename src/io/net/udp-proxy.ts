@@ -1,0 +1,253 @@
+import { createSocket, type RemoteInfo } from 'node:dgram';
+import { isIPv6 } from 'node:net';
+import type { LoadBalancer } from '../../core/balancer/load-balancer.js';
+import { ServicePortStats } from '../../core/stats.js';
+import { errnoCode } from '../../errors.js';
+import type { Logger } from '../../log.js';
+import { isOutOfDescriptors } from './errno.js';
+import { listenKey } from './listen-key.js';
+import type { BoundAddress, ListenAddress, ProxySocket } from './proxy-socket.js';
+import { RateLimiter } from './rate-limiter.js';
+import { clientKey, type UdpListener, type UdpSession } from './udp-session.js';
+
+/** kube-proxy's --udp-timeout default. */
+export const DEFAULT_UDP_IDLE_TIMEOUT_MS = 250;
+export const DEFAULT_UDP_MAX_SESSIONS = 4096;
+/** Datagrams held per session while its socket connects (a few event-loop ticks at most). */
+const MAX_PENDING_DATAGRAMS = 64;
+
+export interface UdpProxySocketOptions {
+  /** The service port key, for logs. */
+  name: string;
+  balancer: LoadBalancer;
+  logger: Logger;
+  stats?: ServicePortStats;
+  idleTimeoutMs?: number;
+  maxSessions?: number;
+}
+
+/**
+ * A proxied UDP service port (upstream udpProxySocket). Each client address gets a session: its
+ * own connected socket to one endpoint, so the endpoint's replies can be told apart per client and
+ * ICMP errors reach us. Replies go back from the listener socket, i.e. from the service's address.
+ * Sessions idle out through sweep(), called from the proxier's one coarse timer.
+ *
+ * Node reads every datagram into a 64 KiB buffer, so datagrams up to 65507 bytes pass intact (the
+ * Go proxy read into 4 KiB and truncated).
+ */
+export class UdpProxySocket implements ProxySocket {
+  readonly protocol = 'UDP' as const;
+  readonly stats: ServicePortStats;
+  private readonly balancer: LoadBalancer;
+  private readonly log: Logger;
+  private readonly idleTimeoutMs: number;
+  private readonly maxSessions: number;
+  private readonly listeners = new Map<string, UdpListener>();
+  private sessionCount = 0;
+  private drainWaiters: (() => void)[] = [];
+  private readonly reclaimWarnings = new RateLimiter(1000);
+  private readonly fdWarnings = new RateLimiter(1000);
+
+  constructor(opts: UdpProxySocketOptions) {
+    this.stats = opts.stats ?? new ServicePortStats();
+    this.balancer = opts.balancer;
+    this.log = opts.logger.child({ component: 'udp-proxy', service: opts.name });
+    this.idleTimeoutMs = opts.idleTimeoutMs ?? DEFAULT_UDP_IDLE_TIMEOUT_MS;
+    this.maxSessions = Math.max(1, opts.maxSessions ?? DEFAULT_UDP_MAX_SESSIONS);
+  }
+
+  listen(addr: ListenAddress): Promise<BoundAddress> {
+    const socket = createSocket({ type: isIPv6(addr.host) ? 'udp6' : 'udp4', ipv6Only: isIPv6(addr.host) });
+    return new Promise((resolve, reject) => {
+      const onBindError = (err: Error): void => {
+        closeQuietly(socket);
+        reject(err);
+      };
+      socket.once('error', onBindError);
+      socket.bind({ address: addr.host, port: addr.port }, () => {
+        socket.off('error', onBindError);
+        const info = socket.address();
+        const bound = { host: info.address, port: info.port };
+        const listener: UdpListener = { socket, bound, sessions: new Map(), refused: new Set() };
+        socket.on('message', (msg, rinfo) => this.onClientDatagram(listener, msg, rinfo));
+        socket.on('error', (err) => this.log.error({ err, address: listenKey(bound) }, 'listener error'));
+        this.listeners.set(listenKey(bound), listener);
+        resolve(bound);
+      });
+    });
+  }
+
+  addresses(): BoundAddress[] {
+    return [...this.listeners.values()].map((l) => ({ ...l.bound }));
+  }
+
+  /**
+   * Unlike TCP, the listener's sessions end with it: their replies leave through the listener
+   * socket, so once it is closed they could not reach their clients.
+   */
+  async unlisten(addr: BoundAddress): Promise<void> {
+    const key = listenKey(addr);
+    const listener = this.listeners.get(key);
+    if (!listener) return; // already gone is not a failure
+    this.listeners.delete(key);
+    for (const session of listener.sessions.values()) this.endSession(session);
+    closeQuietly(listener.socket);
+  }
+
+  async close(): Promise<void> {
+    for (const bound of this.addresses()) await this.unlisten(bound);
+  }
+
+  active(): number {
+    return this.sessionCount;
+  }
+
+  drained(): Promise<void> {
+    if (this.sessionCount === 0) return Promise.resolve();
+    return new Promise((resolve) => this.drainWaiters.push(resolve));
+  }
+
+  destroyAll(): void {
+    for (const listener of this.listeners.values()) {
+      for (const session of listener.sessions.values()) this.endSession(session);
+    }
+  }
+
+  /** End sessions idle for idleTimeoutMs or longer. `nowMs` is performance.now() time. */
+  sweep(nowMs: number): void {
+    for (const listener of this.listeners.values()) {
+      for (const session of listener.sessions.values()) {
+        if (nowMs - session.lastActivity >= this.idleTimeoutMs) this.endSession(session);
+      }
+    }
+  }
+
+  private onClientDatagram(listener: UdpListener, msg: Buffer, rinfo: RemoteInfo): void {
+    this.stats.udpDatagrams++;
+    const key = clientKey(rinfo.address, rinfo.port);
+    const session = listener.sessions.get(key) ?? this.openSession(listener, key, rinfo);
+    if (session === undefined) return; // dropped: no endpoints
+    session.lastActivity = performance.now();
+    this.stats.bytesToEndpoint += msg.length;
+    if (session.pending === undefined) session.socket.send(msg, session.onSent);
+    else if (session.pending.length < MAX_PENDING_DATAGRAMS) session.pending.push(msg);
+  }
+
+  private openSession(listener: UdpListener, key: string, rinfo: RemoteInfo): UdpSession | undefined {
+    const reset = listener.refused.delete(key);
+    const endpoint = this.balancer.nextEndpoint(rinfo.address, reset);
+    if (endpoint === undefined) {
+      this.stats.noEndpointRejects++;
+      if (this.log.isLevelEnabled('debug')) this.log.debug({ client: rinfo.address }, 'no endpoints: datagram dropped');
+      return undefined;
+    }
+    if (this.sessionCount >= this.maxSessions) this.reclaimOldest();
+    const socket = createSocket({ type: isIPv6(endpoint.ip) ? 'udp6' : 'udp4' });
+    const session: UdpSession = {
+      key,
+      listener,
+      clientAddress: rinfo.address,
+      clientPort: rinfo.port,
+      endpoint,
+      socket,
+      lastActivity: performance.now(),
+      pending: [],
+      onSent: (err) => {
+        if (err) this.onSessionError(session, err);
+      },
+      closed: false,
+    };
+    this.wireSession(session);
+    listener.sessions.set(key, session);
+    this.sessionCount++;
+    this.stats.udpSessionsActive++;
+    this.stats.udpSessionsCreated++;
+    if (this.log.isLevelEnabled('debug')) this.log.debug({ client: key, endpoint: endpoint.addr, reset }, 'udp session opened');
+    return session;
+  }
+
+  /** Connected, so the kernel filters replies to this endpoint and reports its ICMP errors to us. */
+  private wireSession(session: UdpSession): void {
+    const { socket, endpoint } = session;
+    socket.on('message', (msg) => this.onEndpointDatagram(session, msg));
+    socket.on('error', (err) => this.onSessionError(session, err));
+    socket.connect(endpoint.port, endpoint.ip, () => {
+      const pending = session.pending ?? [];
+      session.pending = undefined;
+      for (const msg of pending) socket.send(msg, session.onSent);
+    });
+  }
+
+  private onEndpointDatagram(session: UdpSession, msg: Buffer): void {
+    session.lastActivity = performance.now();
+    this.stats.bytesToClient += msg.length;
+    session.listener.socket.send(msg, session.clientPort, session.clientAddress);
+  }
+
+  /** ECONNREFUSED is the ICMP port-unreachable of a connected socket: the endpoint is not there. */
+  private onSessionError(session: UdpSession, err: Error): void {
+    if (session.closed) return;
+    if (errnoCode(err) === 'ECONNREFUSED') {
+      this.rememberRefused(session);
+      if (this.log.isLevelEnabled('debug')) this.log.debug({ client: session.key, endpoint: session.endpoint.addr }, 'endpoint refused: udp session ended');
+    } else if (isOutOfDescriptors(err)) {
+      const held = this.fdWarnings.take();
+      if (held !== undefined) this.log.warn({ err, suppressed: held }, 'out of file descriptors: udp session dropped');
+    } else {
+      this.log.warn({ err, client: session.key, endpoint: session.endpoint.addr }, 'udp session error');
+    }
+    this.endSession(session);
+  }
+
+  private rememberRefused(session: UdpSession): void {
+    const refused = session.listener.refused;
+    refused.add(session.key);
+    if (refused.size > this.maxSessions) {
+      const oldest = refused.values().next();
+      if (!oldest.done) refused.delete(oldest.value);
+    }
+  }
+
+  /** Past the bound, the least recently active session makes room. A scan, but only on reclaim. */
+  private reclaimOldest(): void {
+    let oldest: UdpSession | undefined;
+    for (const listener of this.listeners.values()) {
+      for (const session of listener.sessions.values()) {
+        if (oldest === undefined || session.lastActivity < oldest.lastActivity) oldest = session;
+      }
+    }
+    if (oldest === undefined) return;
+    this.stats.udpSessionsReclaimed++;
+    const held = this.reclaimWarnings.take();
+    if (held !== undefined) {
+      this.log.warn({ maxSessions: this.maxSessions, client: oldest.key, suppressed: held }, 'udp session bound reached: least recently active session reclaimed');
+    }
+    this.endSession(oldest);
+  }
+
+  private endSession(session: UdpSession): void {
+    if (session.closed) return;
+    session.closed = true;
+    session.listener.sessions.delete(session.key);
+    this.sessionCount--;
+    this.stats.udpSessionsActive--;
+    closeQuietly(session.socket);
+    this.balancer.release(session.endpoint);
+    if (this.sessionCount === 0) this.notifyDrained();
+  }
+
+  private notifyDrained(): void {
+    const waiters = this.drainWaiters;
+    this.drainWaiters = [];
+    for (const resolve of waiters) resolve();
+  }
+}
+
+/** dgram's close() throws when the socket is already closed; here that is "already gone". */
+function closeQuietly(socket: { close(): unknown }): void {
+  try {
+    socket.close();
+  } catch {
+    // already closed
+  }
+}

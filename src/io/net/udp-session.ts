@@ -1,0 +1,37 @@
+import type { Socket as DgramSocket } from 'node:dgram';
+import type { Endpoint } from '../../core/model.js';
+import type { BoundAddress } from './proxy-socket.js';
+
+/** One UDP listener (a service address and port) and the client sessions behind it. */
+export interface UdpListener {
+  readonly socket: DgramSocket;
+  readonly bound: BoundAddress;
+  /** By client `address|port`. */
+  readonly sessions: Map<string, UdpSession>;
+  /**
+   * Clients whose last session ended on an ICMP error: their next pick resets affinity. Bounded
+   * (oldest first out), as a client that never comes back would otherwise stay forever.
+   */
+  readonly refused: Set<string>;
+}
+
+/** One client's conversation with one endpoint, over its own connected socket. */
+export interface UdpSession {
+  readonly key: string;
+  readonly listener: UdpListener;
+  readonly clientAddress: string;
+  readonly clientPort: number;
+  readonly endpoint: Endpoint;
+  readonly socket: DgramSocket;
+  /** performance.now() of the last datagram either way: the idle sweep reads only this. */
+  lastActivity: number;
+  /** Datagrams that came before the socket finished connecting; undefined once connected. */
+  pending: Buffer[] | undefined;
+  /** One send callback per session, not one closure per datagram. */
+  readonly onSent: (err: Error | null) => void;
+  closed: boolean;
+}
+
+export function clientKey(address: string, port: number): string {
+  return `${address}|${port}`;
+}

@@ -1,0 +1,49 @@
+import type { PortalAddress } from '../../core/model.js';
+import type { ProxyUnit } from '../../core/units.js';
+
+export type PortalMode = 'loopback' | 'bind' | 'iptables';
+export const PORTAL_MODES: readonly PortalMode[] = ['loopback', 'bind', 'iptables'];
+
+/** One socket the proxier must open for a unit. */
+export interface ListenSpec {
+  host: string;
+  /** The port to bind; ignored when `proxyPort` is set. */
+  port: number;
+  /** Bind a proxy port from `--proxy-port-range` (or the kernel's pick) instead of a fixed port. */
+  proxyPort?: boolean;
+  /** The portals this socket serves (for /services and errors). */
+  portals: PortalAddress[];
+}
+
+/** A unit as running: what the portal needs to program forwarding to it. */
+export interface RunningUnitView {
+  unit: ProxyUnit;
+  /** The proxy port bound for this unit, when the portal asked for one. */
+  proxyPort?: number;
+}
+
+export interface PortalSyncResult {
+  /** One line per portal that could not be programmed; the others are in force. */
+  errors: string[];
+}
+
+/**
+ * The portal seam: how traffic for a Service's addresses reaches the proxy's sockets.
+ * - loopback: every Service gets an address in 127/8 and the proxy listens there (no root).
+ * - bind: the service addresses are made local and the proxy listens on them (no netfilter).
+ * - iptables: nat REDIRECT/DNAT rules steer portal traffic into proxy ports (the legacy layout).
+ */
+export interface Portal {
+  readonly mode: PortalMode;
+  /** Remove leftovers of an earlier run (also one killed with SIGKILL) before programming afresh. */
+  start(): Promise<void>;
+  /** The sockets a unit needs. Called when a unit is opened or recreated. */
+  listenSpecs(unit: ProxyUnit): ListenSpec[];
+  /**
+   * Program node-level forwarding for every running unit, replacing what this portal installed
+   * before (one transaction where the mode has one). `periodic` is true on the resync timer.
+   */
+  sync(units: readonly RunningUnitView[], periodic: boolean): Promise<PortalSyncResult>;
+  /** Remove everything this mode installed. Safe to call twice; "already gone" is not a failure. */
+  cleanup(): Promise<void>;
+}

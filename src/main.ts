@@ -1,0 +1,51 @@
+#!/usr/bin/env node
+import { startProxy } from './app.js';
+import { createPortal } from './io/portal/create-portal.js';
+import { parseCommandLine } from './cli.js';
+import { buildConfig } from './config.js';
+import { ProxyError, UsageError } from './errors.js';
+import { createLogger } from './log.js';
+
+/**
+ * The composition root: parses flags, builds the parts, wires signals. The only place that sets
+ * process.exitCode. User errors print one line without a stack and exit 2; bugs keep their stack.
+ */
+async function main(argv: string[]): Promise<number> {
+  const outcome = parseCommandLine(argv);
+  if (outcome.kind === 'exit') {
+    (outcome.code === 0 ? process.stdout : process.stderr).write(outcome.output);
+    return outcome.code;
+  }
+  const config = buildConfig(outcome.options);
+  const logger = createLogger(config.logLevel);
+  if (config.cleanup) {
+    await createPortal(config, logger).cleanup();
+    logger.info({ portal: config.portal }, 'cleanup done');
+    return 0;
+  }
+  const proxy = await startProxy(config, logger);
+  const signal = await new Promise<NodeJS.Signals>((resolve) => {
+    process.once('SIGTERM', resolve);
+    process.once('SIGINT', resolve);
+  });
+  logger.info({ signal, active: proxy.proxier.activeConnections(), graceMs: config.shutdownGracePeriodMs }, 'shutting down: no new connections; established ones may finish');
+  const { cut } = await proxy.stop();
+  logger.info({ cut }, 'stopped');
+  logger.flush();
+  return 0;
+}
+
+main(process.argv.slice(2)).then(
+  (code) => {
+    process.exitCode = code;
+  },
+  (err: unknown) => {
+    if (err instanceof UsageError || (err instanceof ProxyError && err.code === 'PARSE')) {
+      process.stderr.write(`kube-userspace-proxy: ${err.message}\n`);
+      process.exitCode = 2;
+      return;
+    }
+    process.stderr.write(`kube-userspace-proxy: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);
+    process.exitCode = 1;
+  },
+);

@@ -1,0 +1,95 @@
+/**
+ * Upstream's BoundedFrequencyRunner (k8s.io/kubernetes/pkg/util/async): `run()` asks for a run;
+ * runs happen at most once per `minIntervalMs` (bursts of requests merge into one) and at least
+ * once per `maxIntervalMs` even when nobody asks. One run at a time; a request during a run
+ * schedules another after it.
+ */
+export interface RunnerTimers {
+  setTimeout(fn: () => void, ms: number): unknown;
+  clearTimeout(handle: unknown): void;
+  now(): number;
+}
+
+const realTimers: RunnerTimers = {
+  setTimeout: (fn, ms) => {
+    const t = setTimeout(fn, ms);
+    t.unref();
+    return t;
+  },
+  clearTimeout: (h) => clearTimeout(h as NodeJS.Timeout),
+  now: () => performance.now(),
+};
+
+export class BoundedFrequencyRunner {
+  private lastRun = -Infinity;
+  private timer: unknown;
+  private timerDue = Infinity;
+  private running: Promise<void> | undefined;
+  private pending = false;
+  private stopped = true;
+
+  constructor(
+    private readonly fn: (periodic: boolean) => Promise<void>,
+    private readonly minIntervalMs: number,
+    private readonly maxIntervalMs: number,
+    private readonly timers: RunnerTimers = realTimers,
+  ) {}
+
+  start(): void {
+    this.stopped = false;
+    this.schedule(this.maxIntervalMs, true);
+  }
+
+  stop(): void {
+    this.stopped = true;
+    this.clear();
+  }
+
+  /** Ask for a run as soon as the minimum interval allows. */
+  run(): void {
+    if (this.stopped) return;
+    if (this.running) {
+      this.pending = true;
+      return;
+    }
+    const wait = Math.max(0, this.lastRun + this.minIntervalMs - this.timers.now());
+    this.schedule(wait, false);
+  }
+
+  /** Resolves when the current run, if any, has finished. */
+  async idle(): Promise<void> {
+    while (this.running) await this.running;
+  }
+
+  private schedule(ms: number, periodic: boolean): void {
+    const due = this.timers.now() + ms;
+    if (this.timer !== undefined && due >= this.timerDue) return;
+    this.clear();
+    this.timerDue = due;
+    this.timer = this.timers.setTimeout(() => {
+      this.timer = undefined;
+      this.timerDue = Infinity;
+      void this.execute(periodic);
+    }, ms);
+  }
+
+  private clear(): void {
+    if (this.timer !== undefined) this.timers.clearTimeout(this.timer);
+    this.timer = undefined;
+    this.timerDue = Infinity;
+  }
+
+  private async execute(periodic: boolean): Promise<void> {
+    if (this.stopped) return;
+    this.clear();
+    this.lastRun = this.timers.now();
+    this.pending = false;
+    this.running = this.fn(periodic).finally(() => {
+      this.running = undefined;
+    });
+    await this.running;
+    if (this.stopped) return;
+    if (this.pending) this.run();
+    else this.schedule(this.maxIntervalMs, true);
+  }
+}

@@ -1,0 +1,36 @@
+import { describe, expect, it } from 'vitest';
+import { parseCIDR, parseHostPort } from '../src/core/address.js';
+import { isIPv4, isIPv6 } from '../src/core/ip.js';
+
+describe('IP syntax', () => {
+  it.each(['10.96.0.1', '127.0.0.1', '0.0.0.0', '255.255.255.255'])('%s is IPv4', (s) => expect(isIPv4(s)).toBe(true));
+  it.each(['10.96.0', '256.1.1.1', '01.2.3.4', 'a.b.c.d', '1.2.3.4.5'])('%s is not IPv4', (s) => expect(isIPv4(s)).toBe(false));
+  it.each(['::1', '::', 'fd00::10', '2001:db8::1:2:3:4', '1:2:3:4:5:6:7:8', '::ffff:10.0.0.1'])('%s is IPv6', (s) => expect(isIPv6(s)).toBe(true));
+  it.each(['1::2::3', ':::', '1:2:3:4:5:6:7:8:9', 'fd00::g', '12345::1', '1.2.3.4'])('%s is not IPv6', (s) => expect(isIPv6(s)).toBe(false));
+});
+
+describe('host:port', () => {
+  it('parses IPv4, IPv6 and empty hosts', () => {
+    expect(parseHostPort('127.0.0.1:10249', 'x')).toEqual({ host: '127.0.0.1', port: 10249 });
+    expect(parseHostPort('[::1]:10256', 'x')).toEqual({ host: '::1', port: 10256 });
+    expect(parseHostPort(':8080', 'x')).toEqual({ host: '', port: 8080 });
+    expect(parseHostPort('0.0.0.0', 'x', 10256)).toEqual({ host: '0.0.0.0', port: 10256 });
+    expect(parseHostPort('::', 'x', 10256)).toEqual({ host: '::', port: 10256 });
+  });
+
+  it('names the flag in its errors', () => {
+    expect(() => parseHostPort('127.0.0.1:99999', 'metrics-bind-address')).toThrow(/metrics-bind-address: port "99999"/);
+    expect(() => parseHostPort('example.com:80', 'metrics-bind-address')).toThrow(/not an IP address/);
+    expect(() => parseHostPort('127.0.0.1', 'metrics-bind-address')).toThrow(/has no port/);
+  });
+});
+
+describe('CIDR', () => {
+  it('parses both families and rejects junk', () => {
+    expect(parseCIDR('10.96.0.0/12', 'x')).toEqual({ ip: '10.96.0.0', prefix: 12, family: 4 });
+    expect(parseCIDR('fd00::/108', 'x')).toEqual({ ip: 'fd00::', prefix: 108, family: 6 });
+    for (const bad of ['10.96.0.0', '10.96.0.0/33', 'fd00::/129', 'x/8', '10.0.0.0/8/1']) {
+      expect(() => parseCIDR(bad, 'service-cluster-ip-range')).toThrow(/service-cluster-ip-range/);
+    }
+  });
+});

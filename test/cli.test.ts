@@ -1,0 +1,90 @@
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { endpointSlice, list, service } from './helpers/objects.js';
+import { freePort, tcpEchoServer, tcpRequest, waitFor } from './helpers/net.js';
+import { runCli, type Spawned } from './helpers/cli.js';
+
+/** The CLI as a black box: spawned with a state file, reached through /services, stopped with SIGTERM. */
+let dir: string;
+const running: Spawned[] = [];
+
+beforeAll(async () => {
+  dir = await mkdtemp(join(tmpdir(), 'kup-cli-'));
+});
+
+afterAll(async () => {
+  for (const r of running) r.kill();
+  await rm(dir, { recursive: true, force: true });
+});
+
+function start(args: string[]): Spawned {
+  const r = runCli(args);
+  running.push(r);
+  return r;
+}
+
+describe('bad flags', () => {
+  it.each([
+    [['--udp-timeout', '10'], /--udp-timeout.*invalid duration "10"/],
+    [['--proxy-port-range', '9000-8000'], /--proxy-port-range/],
+    [['--portal', 'ipvs'], /--portal: "ipvs" is not one of loopback, bind, iptables/],
+    [['--metrics-bind-address', 'localhost'], /--metrics-bind-address/],
+    [['--log-level', 'loud'], /--log-level/],
+    [['--no-such-flag'], /unknown option '--no-such-flag'/],
+    [['--iptables-sync-period', '1s', '--iptables-min-sync-period', '5s'], /--iptables-min-sync-period/],
+  ])('%j prints one line naming the flag and exits 2', async (args, re) => {
+    const r = start(args);
+    expect(await r.exited).toBe(2);
+    const lines = r.stderr().trim().split('\n');
+    expect(lines).toHaveLength(1);
+    expect(lines[0]).toMatch(re);
+    expect(r.stderr()).not.toMatch(/\n\s+at /); // no stack
+  });
+
+  it('--help and --version exit 0', async () => {
+    const help = start(['--help']);
+    expect(await help.exited).toBe(0);
+    expect(help.stdout()).toMatch(/--proxy-port-range/);
+    const version = start(['--version']);
+    expect(await version.exited).toBe(0);
+    expect(version.stdout().trim()).toMatch(/^\d+\.\d+\.\d+$/);
+  });
+});
+
+describe('a running proxy', () => {
+  it('serves a state file, answers /services, and exits 0 on SIGTERM', async () => {
+    const backend = await tcpEchoServer('127.0.30.1', 'cli');
+    const port = await freePort('127.96.30.1');
+    const stateFile = join(dir, 'state.yaml');
+    await writeFile(stateFile, list([
+      service({ name: 'web', clusterIP: '10.96.30.1', ports: [{ name: 'http', port }] }),
+      endpointSlice({ service: 'web', ports: [{ name: 'http', port: backend.port }], endpoints: [{ ip: '127.0.30.1' }] }),
+    ]));
+    const r = start(['--state', stateFile, '--metrics-bind-address', '127.0.0.1:0', '--iptables-min-sync-period', '0s']);
+    const line = await r.waitForLine(/kube-userspace-proxy started/);
+    const admin = (JSON.parse(line) as { admin: string }).admin;
+    const body = await waitFor(async () => {
+      const res = await fetch(`http://${admin}/services`);
+      const json = (await res.json()) as { portal: string; services: Array<{ name: string; reachable: string[] }> };
+      return json.services.length === 1 ? json : undefined;
+    }, '/services to list the Service');
+    expect(body.portal).toBe('loopback');
+    expect(body.services[0]).toMatchObject({ name: 'default/web:http', reachable: [`127.96.30.1:${port}`] });
+    expect(await tcpRequest('127.96.30.1', port, 'hi')).toBe('cli:hi');
+    r.child.kill('SIGTERM');
+    expect(await r.exited).toBe(0);
+    await backend.close();
+  });
+
+  it('reports an unreadable state file as one line and keeps running', async () => {
+    const stateFile = join(dir, 'broken.yaml');
+    await writeFile(stateFile, 'apiVersion: v1\nkind: Service\nmetadata: {name: x\n');
+    const r = start(['--state', stateFile, '--metrics-bind-address', '127.0.0.1:0']);
+    await r.waitForLine(/kube-userspace-proxy started/);
+    expect(r.stdout()).toMatch(/broken\.yaml/);
+    r.child.kill('SIGTERM');
+    expect(await r.exited).toBe(0);
+  });
+});

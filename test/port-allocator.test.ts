@@ -1,0 +1,196 @@
+import { describe, expect, it } from 'vitest';
+import type { RandomSource } from '../src/core/clock.js';
+import { PortAllocator, formatPortRange, parsePortRange } from '../src/core/port-allocator.js';
+import { ProxyError, UsageError } from '../src/errors.js';
+
+/** Replays `values` in turn, repeating the last one. */
+function sequence(...values: number[]): RandomSource {
+  let i = 0;
+  return () => values[Math.min(i++, values.length - 1)] ?? 0;
+}
+
+/** mulberry32: a tiny seeded PRNG. */
+function seeded(seed: number): RandomSource {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+function usageError(fn: () => unknown): UsageError {
+  try {
+    fn();
+  } catch (err) {
+    expect(err).toBeInstanceOf(UsageError);
+    expect((err as UsageError).code).toBe('USAGE');
+    return err as UsageError;
+  }
+  throw new Error('expected a UsageError');
+}
+
+describe('parsePortRange', () => {
+  it.each([
+    ['', undefined],
+    ['   ', undefined],
+    ['0', undefined],
+    ['0-0', undefined],
+    ['0+0', undefined],
+    ['8080', { base: 8080, size: 1 }],
+    ['1', { base: 1, size: 1 }],
+    ['65535', { base: 65535, size: 1 }],
+    ['30000-30009', { base: 30000, size: 10 }],
+    ['100-100', { base: 100, size: 1 }],
+    ['1-65535', { base: 1, size: 65535 }],
+    ['30000+9', { base: 30000, size: 10 }],
+    ['100+0', { base: 100, size: 1 }],
+    ['65530+5', { base: 65530, size: 6 }],
+    [' 2000-2001 ', { base: 2000, size: 2 }],
+    ['08080', { base: 8080, size: 1 }],
+  ])('parses %j', (text, want) => {
+    expect(parsePortRange(text)).toEqual(want);
+  });
+
+  const JUNK = 'expected a port (p), a range (a-b) or a start and offset (a+n)';
+
+  it.each([
+    ['abc', JUNK],
+    ['100-', JUNK],
+    ['-100', JUNK],
+    ['100+', JUNK],
+    ['100-200-300', JUNK],
+    ['100-+5', JUNK],
+    ['100+-5', JUNK],
+    ['1.5', JUNK],
+    ['100 - 200', JUNK],
+    ['0x50', JUNK],
+    ['70000', 'port 70000 is outside 1-65535'],
+    ['1-70000', 'port 70000 is outside 1-65535'],
+    ['0-100', 'port 0 is outside 1-65535'],
+    ['0+5', 'port 0 is outside 1-65535'],
+    ['65530+10', 'port 65540 is outside 1-65535'],
+    ['200-100', 'end port 100 is before start port 200'],
+  ])('rejects %j', (text, problem) => {
+    const err = usageError(() => parsePortRange(text));
+    expect(err.message).toBe(`proxy port range: invalid port range "${text}": ${problem}`);
+  });
+
+  it('names the setting it was given', () => {
+    const err = usageError(() => parsePortRange('x', 'portRange'));
+    expect(err.message).toBe('portRange: invalid port range "x": expected a port (p), a range (a-b) or a start and offset (a+n)');
+  });
+
+  it('round-trips through formatPortRange', () => {
+    expect(formatPortRange({ base: 30000, size: 10 })).toBe('30000-30009');
+    expect(formatPortRange({ base: 80, size: 1 })).toBe('80-80');
+    for (const text of ['30000+9', '8080', '1-65535']) {
+      const r = parsePortRange(text);
+      if (r === undefined) throw new Error(`${text} parsed to undefined`);
+      expect(parsePortRange(formatPortRange(r))).toEqual(r);
+    }
+  });
+});
+
+describe('PortAllocator', () => {
+  const range = { base: 30000, size: 10 };
+
+  it('returns 0 (let the kernel pick) without a range, and ignores release', () => {
+    const pa = new PortAllocator(undefined, sequence(0.5));
+    expect(pa.allocateNext()).toBe(0);
+    expect(pa.allocateNext()).toBe(0);
+    pa.release(0);
+    pa.release(30000);
+    pa.markInUse(30000);
+    expect(pa.inUse()).toBe(0);
+  });
+
+  it('starts at a random offset and scans forward past taken ports', () => {
+    const pa = new PortAllocator(range, sequence(0.5));
+    expect(pa.allocateNext()).toBe(30005);
+    expect(pa.allocateNext()).toBe(30006);
+    expect(pa.allocateNext()).toBe(30007);
+    expect(pa.inUse()).toBe(3);
+  });
+
+  it('wraps around to the start of the range', () => {
+    const pa = new PortAllocator(range, sequence(0.95));
+    expect(pa.allocateNext()).toBe(30009);
+    expect(pa.allocateNext()).toBe(30000);
+  });
+
+  it('copes with a source that returns exactly 1', () => {
+    const pa = new PortAllocator(range, sequence(1));
+    expect(pa.allocateNext()).toBe(30009);
+  });
+
+  it('hands out every port of the range once, then throws PORT_RANGE_EXHAUSTED', () => {
+    const pa = new PortAllocator(range, seeded(7));
+    const got = Array.from({ length: 10 }, () => pa.allocateNext());
+    expect([...got].sort()).toEqual(Array.from({ length: 10 }, (_, i) => 30000 + i));
+    expect(pa.inUse()).toBe(10);
+    let err: unknown;
+    try {
+      pa.allocateNext();
+    } catch (e) {
+      err = e;
+    }
+    expect(err).toBeInstanceOf(ProxyError);
+    expect((err as ProxyError).code).toBe('PORT_RANGE_EXHAUSTED');
+    expect((err as ProxyError).message).toContain('30000-30009');
+  });
+
+  it('spreads ports: a seeded source does not hand them out in order', () => {
+    const pa = new PortAllocator({ base: 40000, size: 1000 }, seeded(1));
+    const got = Array.from({ length: 5 }, () => pa.allocateNext());
+    expect(got).not.toEqual([40000, 40001, 40002, 40003, 40004]);
+    expect(new Set(got).size).toBe(5);
+  });
+
+  it('reuses a released port', () => {
+    const pa = new PortAllocator({ base: 5000, size: 2 }, sequence(0));
+    expect(pa.allocateNext()).toBe(5000);
+    expect(pa.allocateNext()).toBe(5001);
+    pa.release(5000);
+    expect(pa.inUse()).toBe(1);
+    expect(pa.allocateNext()).toBe(5000);
+    expect(() => pa.allocateNext()).toThrow(ProxyError);
+  });
+
+  it('ignores releasing 0, a port outside the range, or a free port', () => {
+    const pa = new PortAllocator(range, sequence(0));
+    pa.allocateNext();
+    pa.release(0);
+    pa.release(29999);
+    pa.release(30010);
+    pa.release(30005);
+    pa.release(30000.5);
+    expect(pa.inUse()).toBe(1);
+    pa.release(30000);
+    pa.release(30000);
+    expect(pa.inUse()).toBe(0);
+  });
+
+  it('skips ports marked in use by another process until released', () => {
+    const pa = new PortAllocator(range, sequence(0.5));
+    pa.markInUse(30005);
+    pa.markInUse(30005);
+    pa.markInUse(30006);
+    pa.markInUse(12345);
+    expect(pa.inUse()).toBe(2);
+    expect(pa.allocateNext()).toBe(30007);
+    pa.release(30005);
+    expect(pa.allocateNext()).toBe(30005);
+    expect(pa.inUse()).toBe(3);
+  });
+
+  it('keeps an allocated port taken when it is also marked (bind failed with EADDRINUSE)', () => {
+    const pa = new PortAllocator({ base: 6000, size: 2 }, sequence(0));
+    const p = pa.allocateNext();
+    pa.markInUse(p);
+    expect(pa.inUse()).toBe(1);
+    expect(pa.allocateNext()).toBe(6001);
+  });
+});

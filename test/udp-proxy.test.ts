@@ -1,0 +1,208 @@
+import { createHash, randomBytes } from 'node:crypto';
+import type { Socket as UdpSocket } from 'node:dgram';
+import { afterEach, describe, expect, it } from 'vitest';
+import type { LoadBalancer } from '../src/core/balancer/load-balancer.js';
+import { UdpProxySocket } from '../src/io/net/udp-proxy.js';
+import { FakeBalancer } from './helpers/fake-balancer.js';
+import { boundUdp, captureLogger, closedUdpPort, udpAsk, udpEcho, waitUntil, withDeadline, type LogRecord } from './helpers/proxy-fixtures.js';
+
+const LO = '127.0.0.1';
+const IDLE_MS = 250;
+/** The proxier's coarse sweep period these tests pretend to run at. */
+const SWEEP_PERIOD_MS = 100;
+
+const cleanups: (() => unknown)[] = [];
+afterEach(async () => {
+  for (const fn of cleanups.splice(0).reverse()) await fn();
+});
+
+async function echo(host = LO, name = ''): ReturnType<typeof udpEcho> {
+  const e = await udpEcho(host, name);
+  cleanups.push(() => e.close());
+  return e;
+}
+
+async function client(host = LO): Promise<UdpSocket> {
+  const s = await boundUdp(host);
+  cleanups.push(() => s.close());
+  return s;
+}
+
+interface Setup {
+  proxy: UdpProxySocket;
+  port: number;
+  records: LogRecord[];
+}
+
+async function proxyFor(balancer: LoadBalancer, opts: { maxSessions?: number; host?: string } = {}): Promise<Setup> {
+  const { logger, records } = captureLogger('debug');
+  const proxy = new UdpProxySocket({ name: 'default/dns:dns', balancer, logger, idleTimeoutMs: IDLE_MS, ...(opts.maxSessions ? { maxSessions: opts.maxSessions } : {}) });
+  cleanups.push(() => proxy.close());
+  const { port } = await proxy.listen({ host: opts.host ?? LO, port: 0 });
+  return { proxy, port, records };
+}
+
+const sha256 = (b: Buffer): string => createHash('sha256').update(b).digest('hex');
+
+describe('UdpProxySocket: datagrams', () => {
+  it('echoes through the proxy, replying from the service address and port', async () => {
+    const e = await echo(LO, 'A');
+    const balancer = FakeBalancer.of([e.port]);
+    const { proxy, port } = await proxyFor(balancer);
+    const c = await client();
+
+    const { msg, from } = await udpAsk(c, port, LO, 'hello');
+    expect(msg.toString()).toBe('A:hello');
+    expect(from).toEqual({ address: LO, port });
+    expect(proxy.active()).toBe(1);
+    expect(proxy.stats).toMatchObject({ udpDatagrams: 1, udpSessionsCreated: 1, udpSessionsActive: 1, bytesToEndpoint: 5, bytesToClient: 7 });
+    expect(balancer.calls).toEqual([{ clientIP: LO, reset: false, picked: `${LO}:${e.port}` }]);
+
+    // Later datagrams from the same client reuse its session.
+    expect((await udpAsk(c, port, LO, 'again')).msg.toString()).toBe('A:again');
+    expect(proxy.stats.udpSessionsCreated).toBe(1);
+  });
+
+  it('works over IPv6 loopback', async () => {
+    const e = await echo('::1');
+    const { port } = await proxyFor(FakeBalancer.of([e.port], { ip: '::1' }), { host: '::1' });
+    const c = await client('::1');
+    const { msg, from } = await udpAsk(c, port, '::1', 'six');
+    expect(msg.toString()).toBe('six');
+    expect(from).toEqual({ address: '::1', port });
+  });
+
+  it.each([60_000, 65_507])('passes a %d-byte datagram intact both ways', async (size) => {
+    const e = await echo();
+    const { proxy, port } = await proxyFor(FakeBalancer.of([e.port]));
+    const c = await client();
+    const payload = randomBytes(size);
+    const { msg } = await udpAsk(c, port, LO, payload);
+    expect(e.sizes).toEqual([size]);
+    expect(msg.length).toBe(size);
+    expect(sha256(msg)).toBe(sha256(payload));
+    expect(proxy.stats.bytesToClient).toBe(size);
+  });
+
+  it('gives two clients separate sessions, each sticking to its endpoint', async () => {
+    const a = await echo(LO, 'A');
+    const b = await echo(LO, 'B');
+    const { proxy, port } = await proxyFor(FakeBalancer.of([a.port, b.port]));
+    const c1 = await client();
+    const c2 = await client();
+
+    for (let i = 0; i < 3; i++) {
+      expect((await udpAsk(c1, port, LO, `one${i}`)).msg.toString()).toBe(`A:one${i}`);
+      expect((await udpAsk(c2, port, LO, `two${i}`)).msg.toString()).toBe(`B:two${i}`);
+    }
+    expect(proxy.active()).toBe(2);
+    expect(proxy.stats).toMatchObject({ udpSessionsCreated: 2, udpDatagrams: 6 });
+  });
+
+  it('drops and counts a datagram when there are no endpoints', async () => {
+    const { proxy, port } = await proxyFor(new FakeBalancer([]));
+    const c = await client();
+    c.send('lost', port, LO);
+    await waitUntil(() => proxy.stats.udpDatagrams === 1, 'the datagram to arrive');
+    expect(proxy.stats.noEndpointRejects).toBe(1);
+    expect(proxy.active()).toBe(0);
+  });
+});
+
+describe('UdpProxySocket: sessions', () => {
+  it('expires a session after the idle timeout, on the sweep', async () => {
+    const e = await echo();
+    const balancer = FakeBalancer.of([e.port]);
+    const { proxy, port } = await proxyFor(balancer);
+    const c = await client();
+
+    const before = performance.now(); // the session's last activity is no earlier than this
+    await udpAsk(c, port, LO, 'ping');
+    const after = performance.now(); // ... and no later than this
+
+    proxy.sweep(before + IDLE_MS - 1);
+    expect(proxy.active()).toBe(1);
+    proxy.sweep(after + IDLE_MS + SWEEP_PERIOD_MS);
+    expect(proxy.active()).toBe(0);
+    expect(proxy.stats.udpSessionsActive).toBe(0);
+    expect(balancer.released).toEqual([`${LO}:${e.port}`]);
+    await withDeadline(proxy.drained(), 1000, 'drained');
+
+    // The client's next datagram opens a fresh session.
+    expect((await udpAsk(c, port, LO, 'again')).msg.toString()).toBe('again');
+    expect(proxy.stats.udpSessionsCreated).toBe(2);
+  });
+
+  it('past maxSessions, reclaims the least recently active session and says so', async () => {
+    const e = await echo();
+    const { proxy, port, records } = await proxyFor(FakeBalancer.of([e.port]), { maxSessions: 2 });
+    const [c1, c2, c3] = [await client(), await client(), await client()] as const;
+
+    await udpAsk(c1, port, LO, '1');
+    await udpAsk(c2, port, LO, '2');
+    await udpAsk(c1, port, LO, '1 again'); // now c2 is the least recently active
+    await udpAsk(c3, port, LO, '3');
+
+    expect(proxy.active()).toBe(2);
+    expect(proxy.stats).toMatchObject({ udpSessionsReclaimed: 1, udpSessionsCreated: 3 });
+    expect(records.filter((r) => r.msg.includes('least recently active session reclaimed'))).toHaveLength(1);
+    // c1 kept its session; c2 lost its own and gets a new one.
+    await udpAsk(c1, port, LO, '1 still');
+    expect(proxy.stats.udpSessionsCreated).toBe(3);
+    await udpAsk(c2, port, LO, '2 back');
+    expect(proxy.stats.udpSessionsCreated).toBe(4);
+  });
+
+  it('ends a session on ICMP port unreachable and re-picks with sessionAffinityReset', async () => {
+    const dead = await closedUdpPort();
+    const e = await echo(LO, 'live');
+    // Sticky: without the reset flag the new session would go to the dead endpoint again.
+    const balancer = FakeBalancer.of([dead, e.port], { sticky: true });
+    const { proxy, port, records } = await proxyFor(balancer);
+    const c = await client();
+
+    c.send('into the void', port, LO);
+    await waitUntil(() => proxy.stats.udpSessionsCreated === 1 && proxy.active() === 0, 'the refused session to end');
+    expect((await udpAsk(c, port, LO, 'retry')).msg.toString()).toBe('live:retry');
+    expect(balancer.calls.map((x) => [x.reset, x.picked])).toEqual([
+      [false, `${LO}:${dead}`],
+      [true, `${LO}:${e.port}`],
+    ]);
+    expect(balancer.released).toEqual([`${LO}:${dead}`]);
+    expect(records.some((r) => r.msg === 'endpoint refused: udp session ended')).toBe(true);
+  });
+});
+
+describe('UdpProxySocket: lifecycle', () => {
+  it('serves several listeners; destroyAll ends sessions but keeps listening; close ends all', async () => {
+    const e = await echo();
+    const { proxy, port } = await proxyFor(FakeBalancer.of([e.port]));
+    const second = await proxy.listen({ host: LO, port: 0 });
+    expect(proxy.addresses()).toEqual([{ host: LO, port }, second]);
+    const c = await client();
+
+    await udpAsk(c, port, LO, 'a');
+    await udpAsk(c, second.port, LO, 'b'); // same client, other listener: its own session
+    expect(proxy.active()).toBe(2);
+
+    proxy.destroyAll();
+    expect(proxy.active()).toBe(0);
+    await withDeadline(proxy.drained(), 1000, 'drained');
+    expect((await udpAsk(c, port, LO, 'c')).msg.toString()).toBe('c');
+
+    await proxy.unlisten(second);
+    await proxy.unlisten(second); // already gone is not a failure
+    expect(proxy.addresses()).toEqual([{ host: LO, port }]);
+
+    await proxy.close();
+    expect(proxy.addresses()).toEqual([]);
+    expect(proxy.active()).toBe(0);
+    expect(proxy.stats.udpSessionsActive).toBe(0);
+  });
+
+  it('rejects listen() with the system error when the address is taken', async () => {
+    const { proxy, port } = await proxyFor(new FakeBalancer([]));
+    await expect(proxy.listen({ host: LO, port })).rejects.toMatchObject({ code: 'EADDRINUSE' });
+    expect(proxy.addresses()).toHaveLength(1);
+  });
+});
