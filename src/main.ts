@@ -45,6 +45,12 @@ main(process.argv.slice(2)).then(
       process.exitCode = 2;
       return;
     }
+    if (err instanceof ProxyError && err.code === 'PORTAL') {
+      // e.g. --cleanup that could not remove everything: the message lists every failure.
+      process.stderr.write(`kube-userspace-proxy: ${err.message}\n`);
+      process.exitCode = 1;
+      return;
+    }
     process.stderr.write(`kube-userspace-proxy: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);
     process.exitCode = 1;
   },

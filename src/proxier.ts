@@ -53,6 +53,15 @@ interface RunningUnit {
   proxyPort?: number;
 }
 
+/** What kube-proxy's healthCheckNodePort server answers for one Service. */
+export interface ServiceHealth {
+  /** `ns/name`. */
+  service: string;
+  healthCheckNodePort: number;
+  /** Ready endpoints of the Service on this node (the largest over its ports). */
+  localEndpoints: number;
+}
+
 export interface SyncSummary {
   services: number;
   units: number;
@@ -97,6 +106,8 @@ export class Proxier {
   /** Sockets closed by a sync whose TCP connections still run: tracked for shutdown. */
   private readonly retired = new Set<ProxySocket>();
   private readonly noticed = new Set<string>();
+  /** Services with a healthCheckNodePort, and how many ready endpoints this node has for them. */
+  private readonly health = new Map<string, ServiceHealth>();
   private synced = false;
   private sweepTimer: NodeJS.Timeout | undefined;
   private lastSweepAffinity = 0;
@@ -224,13 +235,18 @@ export class Proxier {
     const started = this.opts.clock.now();
     this.pendingSince = undefined;
     const summary: SyncSummary = { services: 0, units: 0, opened: 0, closed: 0, recreated: 0, updated: 0, listenErrors: 0, portalErrors: 0, durationMs: 0 };
-    const dirty = this.cache.takeDirty();
-    for (const key of dirty) await this.syncService(key, summary);
+    const dirty = [...this.cache.takeDirty()].map((key) => ({ key, desired: this.desiredUnits(key) }));
+    let prepareErrors: string[] = [];
+    if (this.opts.portal.prepare) {
+      prepareErrors = (await this.opts.portal.prepare(dirty.flatMap((d) => d.desired))).errors;
+      for (const e of prepareErrors) this.log.error({ portal: this.opts.portal.mode }, e);
+    }
+    for (const { key, desired } of dirty) await this.syncService(key, desired, summary);
     summary.listenErrors += await this.retryListeners();
     const views: RunningUnitView[] = [...this.units.values()].map((ru) => (ru.proxyPort === undefined ? { unit: ru.unit } : { unit: ru.unit, proxyPort: ru.proxyPort }));
     const portal = await this.opts.portal.sync(views, periodic);
     for (const e of portal.errors) this.log.error({ portal: this.opts.portal.mode }, e);
-    summary.portalErrors = portal.errors.length;
+    summary.portalErrors = prepareErrors.length + portal.errors.length;
     summary.services = this.unitsByService.size;
     summary.units = this.units.size;
     summary.durationMs = Math.round((this.opts.clock.now() - started) * 100) / 100;
@@ -241,7 +257,13 @@ export class Proxier {
     for (const cb of this.onSync) cb(summary);
   }
 
+  /** Services with a healthCheckNodePort, as of the last sync. */
+  serviceHealth(): ServiceHealth[] {
+    return [...this.health.values()];
+  }
+
   private desiredUnits(key: string): ProxyUnit[] {
+    this.health.delete(key);
     const svc = this.cache.service(key);
     if (!svc) return [];
     const result = translateService(svc, this.cache.slicesFor(key));
@@ -250,11 +272,17 @@ export class Proxier {
       return [];
     }
     for (const n of result.notices) this.noticeOnce(`${key}|${n}`, { service: key }, `Service ${key}: ${n}`);
-    return result.ports.flatMap((sp: ServicePort) => planUnits(sp, categorizeEndpoints(sp, this.opts.node)));
+    return result.ports.flatMap((sp: ServicePort) => {
+      const sets = categorizeEndpoints(sp, this.opts.node);
+      if (sp.healthCheckNodePort > 0) {
+        const prev = this.health.get(key)?.localEndpoints ?? 0;
+        this.health.set(key, { service: key, healthCheckNodePort: sp.healthCheckNodePort, localEndpoints: Math.max(prev, sets.localReadyEndpoints) });
+      }
+      return planUnits(sp, sets);
+    });
   }
 
-  private async syncService(key: string, summary: SyncSummary): Promise<void> {
-    const desired = this.desiredUnits(key);
+  private async syncService(key: string, desired: ProxyUnit[], summary: SyncSummary): Promise<void> {
     const runningIds = this.unitsByService.get(key) ?? [];
     const running = runningIds.map((id) => this.units.get(id)?.unit).filter((u): u is ProxyUnit => u !== undefined);
     const diff = diffUnits(running, desired);
@@ -316,7 +344,11 @@ export class Proxier {
     const { spec } = l;
     try {
       if (spec.proxyPort) {
-        l.bound = await this.bindProxyPort(ru, spec.host);
+        // A unit has one proxy port number: a further proxy-port listener (its other IP family)
+        // binds that same number, so the portal's rules for both families point at one port.
+        l.bound = ru.proxyPort === undefined
+          ? await this.bindProxyPort(ru, spec.host)
+          : await ru.socket.listen({ host: spec.host || this.opts.bindAddress, port: ru.proxyPort });
       } else {
         l.bound = await ru.socket.listen({ host: spec.host, port: spec.port });
       }

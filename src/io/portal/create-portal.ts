@@ -1,15 +1,28 @@
 import type { ProxyConfig } from '../../config.js';
-import { UsageError } from '../../errors.js';
 import type { Logger } from '../../log.js';
+import { BindPortal } from './bind-portal.js';
+import { processRunner, type CommandRunner } from './command-runner.js';
+import { IptablesPortal } from './iptables-portal.js';
 import { LoopbackPortal } from './loopback-portal.js';
+import { systemNodeAddresses, type NodeAddressSource } from './node-addresses.js';
 import type { Portal } from './portal.js';
 
+/** What the node-level portals run and read; tests inject fakes. */
+export interface PortalDeps {
+  runner?: CommandRunner;
+  nodeAddresses?: NodeAddressSource;
+}
+
 /** Builds the portal the config names. */
-export function createPortal(config: ProxyConfig, _logger: Logger): Portal {
+export function createPortal(config: ProxyConfig, logger: Logger, deps: PortalDeps = {}): Portal {
+  const runner = deps.runner ?? processRunner;
+  const nodeAddresses = deps.nodeAddresses ?? systemNodeAddresses;
   switch (config.portal) {
     case 'loopback':
       return new LoopbackPortal();
-    default:
-      throw new UsageError(`--portal: "${config.portal}" is not available yet in this build; use --portal loopback`);
+    case 'iptables':
+      return new IptablesPortal({ runner, logger, nodeAddresses, bindAddress: config.bindAddress, nodePortAddresses: config.nodePortAddresses });
+    case 'bind':
+      return new BindPortal({ runner, logger, nodeAddresses, nodePortAddresses: config.nodePortAddresses });
   }
 }

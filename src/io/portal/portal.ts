@@ -37,6 +37,11 @@ export interface Portal {
   readonly mode: PortalMode;
   /** Remove leftovers of an earlier run (also one killed with SIGKILL) before programming afresh. */
   start(): Promise<void>;
+  /**
+   * Make the addresses of these units local before their sockets bind (bind mode: one batch per
+   * sync rather than one command per unit). Optional: the other modes need nothing beforehand.
+   */
+  prepare?(units: readonly ProxyUnit[]): Promise<PortalSyncResult>;
   /** The sockets a unit needs. Called when a unit is opened or recreated. */
   listenSpecs(unit: ProxyUnit): ListenSpec[];
   /**

@@ -1,0 +1,181 @@
+import type { IPFamily } from '../../core/ip.js';
+import { addressKey } from '../../core/rules/cidr.js';
+import { familyHints, unitFamilies } from '../../core/rules/families.js';
+import { nodePortAddresses } from '../../core/rules/node-address.js';
+import { nodePortHoldHosts } from '../../core/rules/render-iptables.js';
+import type { ProxyUnit } from '../../core/units.js';
+import { UsageError } from '../../errors.js';
+import type { Logger } from '../../log.js';
+import { BindInterface } from './bind-interface.js';
+import { firstLine, isMissingCommand, type CommandRunner } from './command-runner.js';
+import { IptablesRunner } from './iptables-runner.js';
+import { cleanupError, removeLeftovers } from './leftovers.js';
+import type { NodeAddressSource } from './node-addresses.js';
+import type { ListenSpec, Portal, PortalSyncResult, RunningUnitView } from './portal.js';
+
+export interface BindPortalOptions {
+  runner: CommandRunner;
+  logger: Logger;
+  nodeAddresses: NodeAddressSource;
+  /** `--nodeport-addresses` CIDRs; empty: node ports listen on every address. */
+  nodePortAddresses: readonly string[];
+  bindInterface?: BindInterface;
+}
+
+/**
+ * No NAT, no netfilter: every ClusterIP, externalIP and load-balancer IP of a running unit is an
+ * address on an interface of ours (kube-userspace0), so the proxy listens on `ip:port` itself,
+ * and node ports listen on the node's addresses. The interface is how cleanup finds everything,
+ * also after SIGKILL: deleting it removes every address at once. README-portals.md explains why
+ * addresses on an interface rather than a local route for --service-cluster-ip-range.
+ *
+ * A socket can only bind an address once it is local, so addresses must be in place before the
+ * proxier binds: `prepare(units)` adds those of a whole sync in one `ip -batch`; a unit whose
+ * addresses were not prepared gets them synchronously in listenSpecs (one short `ip` run).
+ */
+export class BindPortal implements Portal {
+  readonly mode = 'bind' as const;
+  private readonly log: Logger;
+  private readonly iface: BindInterface;
+  /** What is on the interface, as far as we know (re-read on periodic syncs and after failures). */
+  private present = new Map<string, string>();
+  private stale = true;
+  private hints = new Map<string, IPFamily[]>();
+
+  constructor(private readonly opts: BindPortalOptions) {
+    this.log = opts.logger.child({ component: 'portal', portal: 'bind' });
+    this.iface = opts.bindInterface ?? new BindInterface(opts.runner);
+  }
+
+  async start(): Promise<void> {
+    const report = await removeLeftovers(new IptablesRunner(this.opts.runner), this.iface, this.opts.nodeAddresses.ipv6Enabled());
+    if (report.removed.length > 0) this.log.info({ removed: report.removed }, 'removed leftovers of an earlier run');
+    // Not fatal by itself: creating the interface below is what must work.
+    for (const err of report.failures) this.log.error({ err }, 'cannot remove leftovers of an earlier run');
+    try {
+      await this.iface.create();
+    } catch (err) {
+      const why = isMissingCommand(err) ? 'the ip command is not installed (install iproute2)' : (err as Error).message;
+      throw new UsageError(`--portal bind: cannot create interface ${this.iface.name}: ${why}`);
+    }
+    this.present = new Map();
+    this.stale = false;
+  }
+
+  /**
+   * Makes the addresses of units about to be opened local, in one batch: meant to be called once
+   * per sync before any socket binds. A unit not prepared this way gets its addresses from
+   * listenSpecs, one blocking `ip` run per unit.
+   */
+  async prepare(units: readonly ProxyUnit[]): Promise<PortalSyncResult> {
+    this.learn(units);
+    const missing = this.missing(units);
+    if (missing.length === 0) return { errors: [] };
+    try {
+      await this.iface.apply(missing, []);
+    } catch (err) {
+      this.stale = true;
+      return { errors: [`cannot make ${missing.join(', ')} local: ${firstLine((err as Error).message)}`] };
+    }
+    for (const ip of missing) this.present.set(addressKey(ip), ip);
+    return { errors: [] };
+  }
+
+  listenSpecs(unit: ProxyUnit): ListenSpec[] {
+    this.learn([unit]);
+    this.ensureNow(unit);
+    const specs: ListenSpec[] = [];
+    for (const p of unit.portals) {
+      if (p.kind !== 'nodePort') specs.push({ host: p.ip, port: p.port, portals: [p] });
+      else for (const host of this.nodePortHosts(unit)) specs.push({ host, port: p.port, portals: [p] });
+    }
+    return specs;
+  }
+
+  async sync(units: readonly RunningUnitView[], periodic: boolean): Promise<PortalSyncResult> {
+    this.hints = familyHints(units.map((u) => u.unit));
+    const wanted = new Map<string, string>();
+    for (const { unit } of units) for (const ip of addressed(unit)) wanted.set(addressKey(ip), ip);
+    try {
+      if (periodic || this.stale) await this.reread();
+      const add = [...wanted].filter(([k]) => !this.present.has(k)).map(([, ip]) => ip);
+      const remove = [...this.present].filter(([k]) => !wanted.has(k)).map(([, ip]) => ip);
+      if (add.length === 0 && remove.length === 0) return { errors: [] };
+      let failure = '';
+      try {
+        await this.iface.apply(add, remove);
+      } catch (err) {
+        failure = `: ${firstLine((err as Error).message)}`;
+      }
+      await this.reread();
+      const errors: string[] = [];
+      for (const ip of add) if (!this.present.has(addressKey(ip))) errors.push(`cannot make ${ip} local to this node (retried next sync)${failure}`);
+      for (const ip of remove) if (this.present.has(addressKey(ip))) errors.push(`cannot remove ${ip} from ${this.iface.name} (retried next sync)${failure}`);
+      if (add.length > 0 || remove.length > 0) this.log.debug({ added: add, removed: remove }, 'service addresses updated');
+      this.stale = errors.length > 0;
+      return { errors };
+    } catch (err) {
+      this.stale = true;
+      return { errors: [`service addresses not updated (retried next sync): ${firstLine((err as Error).message)}`] };
+    }
+  }
+
+  async cleanup(): Promise<void> {
+    const report = await removeLeftovers(new IptablesRunner(this.opts.runner), this.iface, this.opts.nodeAddresses.ipv6Enabled());
+    this.present = new Map();
+    if (report.removed.length > 0) this.log.info({ removed: report.removed }, 'removed portal addresses');
+    if (report.failures.length > 0) throw cleanupError(report.failures);
+  }
+
+  /** Re-reads the interface; recreates it when someone deleted it. */
+  private async reread(): Promise<void> {
+    let present = await this.iface.addresses();
+    if (present === undefined) {
+      this.log.warn({ interface: this.iface.name }, 'interface gone (deleted by someone?); recreating it');
+      await this.iface.create();
+      present = new Map();
+    }
+    this.present = present;
+    this.stale = false;
+  }
+
+  private missing(units: readonly ProxyUnit[]): string[] {
+    const out = new Map<string, string>();
+    for (const u of units) for (const ip of addressed(u)) if (!this.present.has(addressKey(ip))) out.set(addressKey(ip), ip);
+    return [...out.values()];
+  }
+
+  /** The synchronous fallback: a unit's addresses, if not yet local, added before its sockets bind. */
+  private ensureNow(unit: ProxyUnit): void {
+    const missing = this.missing([unit]);
+    if (missing.length === 0) return;
+    try {
+      this.iface.applySync(missing);
+      for (const ip of missing) this.present.set(addressKey(ip), ip);
+    } catch (err) {
+      // The bind then fails with a clear listen error for this service port; sync retries both.
+      this.stale = true;
+      this.log.error({ service: unit.id, addresses: missing }, `cannot make service addresses local: ${firstLine((err as Error).message)}`);
+    }
+  }
+
+  /**
+   * Every address of the unit's families (the wildcard of each), or, with --nodeport-addresses,
+   * each allowed node address as the node has them now.
+   */
+  private nodePortHosts(unit: ProxyUnit): string[] {
+    const families = unitFamilies(unit, this.hints);
+    if (this.opts.nodePortAddresses.length === 0) return nodePortHoldHosts(families);
+    const allowed = nodePortAddresses(this.opts.nodeAddresses.addresses(), this.opts.nodePortAddresses, this.iface.name);
+    return allowed.filter((a) => families.includes(a.family)).map((a) => a.ip);
+  }
+
+  private learn(units: readonly ProxyUnit[]): void {
+    for (const [key, families] of familyHints(units)) this.hints.set(key, families);
+  }
+}
+
+/** The addresses a unit listens on directly: ClusterIPs, externalIPs and load-balancer IPs. */
+function addressed(unit: ProxyUnit): string[] {
+  return unit.portals.filter((p) => p.kind !== 'nodePort' && p.ip !== '').map((p) => p.ip);
+}

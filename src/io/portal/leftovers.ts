@@ -1,0 +1,46 @@
+import type { IPFamily } from '../../core/ip.js';
+import { parseIptablesSave, planRemoval } from '../../core/rules/iptables-save.js';
+import { ProxyError } from '../../errors.js';
+import type { BindInterface } from './bind-interface.js';
+import { isMissingCommand } from './command-runner.js';
+import type { IptablesRunner } from './iptables-runner.js';
+
+export interface LeftoverReport {
+  /** What was found and removed, for one log line. */
+  removed: string[];
+  /** What could not be removed; the other steps ran anyway. */
+  failures: Error[];
+}
+
+/**
+ * Removes whatever either portal mode installed, by looking, not by remembering: so it also
+ * works after SIGKILL, after a run in the other mode, and twice in a row. Each step runs whatever
+ * the others did; a missing command means nothing of its kind can have been installed (a node
+ * without iptables for the bind portal, a kernel without IPv6).
+ */
+export async function removeLeftovers(iptables: IptablesRunner, bindInterface: BindInterface, ipv6: boolean): Promise<LeftoverReport> {
+  const report: LeftoverReport = { removed: [], failures: [] };
+  const families: IPFamily[] = ipv6 ? [4, 6] : [4];
+  for (const family of families) {
+    try {
+      const payload = planRemoval(parseIptablesSave(await iptables.save(family)));
+      if (payload === '') continue;
+      await iptables.restore(family, payload);
+      report.removed.push(`IPv${family} iptables chains and jumps`);
+    } catch (err) {
+      if (!isMissingCommand(err)) report.failures.push(err as Error);
+    }
+  }
+  try {
+    if (await bindInterface.remove()) report.removed.push(`interface ${bindInterface.name}`);
+  } catch (err) {
+    if (!isMissingCommand(err)) report.failures.push(err as Error);
+  }
+  return report;
+}
+
+/** All failures of a cleanup as one error (each on its own line), with the first as the cause. */
+export function cleanupError(failures: readonly Error[]): ProxyError {
+  const lines = failures.map((f) => `  ${f.message}`).join('\n');
+  return new ProxyError('PORTAL', `cleanup left ${failures.length} thing(s) in place:\n${lines}`, { cause: failures[0] });
+}

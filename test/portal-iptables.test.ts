@@ -1,0 +1,347 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { IPFamily } from '../src/core/ip.js';
+import type { ServicePort } from '../src/core/model.js';
+import type { NodeAddress } from '../src/core/rules/node-address.js';
+import { parseIptablesSave, planJumps, planRemoval } from '../src/core/rules/iptables-save.js';
+import { planUnits, type ProxyUnit } from '../src/core/units.js';
+import { UsageError } from '../src/errors.js';
+import { CommandError, type CommandResult, type CommandRunner } from '../src/io/portal/command-runner.js';
+import { IptablesPortal } from '../src/io/portal/iptables-portal.js';
+import type { NodeAddressSource } from '../src/io/portal/node-addresses.js';
+import type { RunningUnitView } from '../src/io/portal/portal.js';
+import { silentLogger } from '../src/log.js';
+import { iptablesSkipReason, nsExec, nsRunner, reportSkip, run } from './helpers/netns.js';
+
+function sp(key: string, over: Partial<ServicePort> = {}): ServicePort {
+  const [ns = 'default', rest = ''] = key.split('/');
+  const [name = '', port = ''] = rest.split(':');
+  return {
+    name: { namespace: ns, name, port },
+    key,
+    protocol: 'TCP',
+    port: 80,
+    clusterIPs: ['10.96.0.10'],
+    nodePort: 0,
+    externalIPs: [],
+    loadBalancerIPs: [],
+    affinity: { type: 'None', timeoutSeconds: 10800 },
+    internalTrafficPolicy: 'Cluster',
+    externalTrafficPolicy: 'Cluster',
+    healthCheckNodePort: 0,
+    endpoints: [],
+    ...over,
+  };
+}
+
+function unitsOf(...ports: ServicePort[]): ProxyUnit[] {
+  return ports.flatMap((p) => planUnits(p, { clusterEndpoints: [], externalEndpoints: [] }));
+}
+
+function views(units: ProxyUnit[], first = 40001): RunningUnitView[] {
+  return units.map((unit, i) => ({ unit, proxyPort: first + i }));
+}
+
+const nodeAddresses: NodeAddressSource = {
+  addresses: (): NodeAddress[] => [
+    { ip: '127.0.0.1', family: 4, iface: 'lo', internal: true },
+    { ip: '10.0.0.5', family: 4, iface: 'eth1', internal: false },
+    { ip: '192.168.1.10', family: 4, iface: 'eth0', internal: false },
+    { ip: '2001:db8::10', family: 6, iface: 'eth0', internal: false },
+  ],
+  defaultRouteInterface: () => 'eth0',
+  ipv6Enabled: () => true,
+};
+
+interface Call {
+  command: string;
+  args: readonly string[];
+  input?: string;
+}
+
+/** A fake node: iptables-save answers `dumps[family]`, restores are recorded; failures on demand. */
+class FakeNode implements CommandRunner {
+  calls: Call[] = [];
+  dumps: Record<IPFamily, string> = { 4: '', 6: '' };
+  missing = new Set<string>();
+  failNext = new Map<string, string>();
+  linkExists = false;
+
+  async run(command: string, args: readonly string[], input?: string): Promise<CommandResult> {
+    this.calls.push(input === undefined ? { command, args } : { command, args, input });
+    if (this.missing.has(command)) throw new CommandError(command, args, { exitCode: null, stderr: '', cause: Object.assign(new Error('spawn ENOENT'), { code: 'ENOENT' }) });
+    const failure = this.failNext.get(command);
+    if (failure !== undefined) {
+      this.failNext.delete(command);
+      throw new CommandError(command, args, { exitCode: 1, stderr: failure });
+    }
+    if (command === 'iptables-save') return { stdout: this.dumps[4], stderr: '' };
+    if (command === 'ip6tables-save') return { stdout: this.dumps[6], stderr: '' };
+    if (command === 'ip' && args.join(' ') === '-j link show') return { stdout: JSON.stringify(this.linkExists ? [{ ifname: 'kube-userspace0' }] : [{ ifname: 'lo' }]), stderr: '' };
+    if (command === 'ip' && args[0] === 'link' && args[1] === 'del') this.linkExists = false;
+    return { stdout: '', stderr: '' };
+  }
+
+  runSync(): CommandResult {
+    throw new Error('the iptables portal never blocks');
+  }
+
+  restores(): Call[] {
+    return this.calls.filter((c) => c.command.endsWith('-restore'));
+  }
+
+  saves(): Call[] {
+    return this.calls.filter((c) => c.command.endsWith('-save'));
+  }
+}
+
+function portal(node: FakeNode, over: Partial<ConstructorParameters<typeof IptablesPortal>[0]> = {}): IptablesPortal {
+  return new IptablesPortal({ runner: node, logger: silentLogger(), nodeAddresses, bindAddress: '0.0.0.0', nodePortAddresses: [], ...over });
+}
+
+const LEFTOVER = `*nat
+:PREROUTING ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+:KUBE-PORTALS-CONTAINER - [0:0]
+-A PREROUTING -m comment --comment "kube-userspace-proxy service portals; before node ports" -j KUBE-PORTALS-CONTAINER
+-A PREROUTING -j SOMEONE-ELSE
+-A KUBE-PORTALS-CONTAINER -d 10.96.0.99/32 -p tcp -m comment --comment "default/old:http" -m tcp --dport 80 -j REDIRECT --to-ports 39999
+COMMIT
+`;
+
+describe('IptablesPortal (fake node)', () => {
+  it('start-up removes the leftovers of an earlier run, and only those', async () => {
+    const node = new FakeNode();
+    node.dumps[4] = LEFTOVER;
+    node.linkExists = true;
+    await portal(node).start();
+    const [removal] = node.restores();
+    expect(removal?.command).toBe('iptables-restore');
+    expect(removal?.input).toBe(planRemoval(parseIptablesSave(LEFTOVER)));
+    expect(removal?.input).not.toContain('SOMEONE-ELSE');
+    expect(node.calls.some((c) => c.command === 'ip' && c.args.join(' ') === 'link del kube-userspace0')).toBe(true);
+  });
+
+  it('start-up fails with one clear line when iptables is not installed', async () => {
+    const node = new FakeNode();
+    node.missing.add('iptables-save');
+    await expect(portal(node).start()).rejects.toThrow(UsageError);
+    await expect(portal(node).start()).rejects.toThrow(/iptables-save is not installed/);
+  });
+
+  it('asks for a proxy port per unit, and holds node ports open', () => {
+    const p = portal(new FakeNode());
+    const [v4] = unitsOf(sp('default/web:http', { nodePort: 30080 }));
+    expect(p.listenSpecs(v4!).map((s) => [s.host, s.port, s.proxyPort ?? false])).toEqual([
+      ['0.0.0.0', 0, true],
+      ['0.0.0.0', 30080, false],
+    ]);
+    const [dual] = unitsOf(sp('default/dual:http', { clusterIPs: ['10.96.0.12', 'fd00::c'], nodePort: 30082 }));
+    expect(p.listenSpecs(dual!).map((s) => [s.host, s.port, s.proxyPort ?? false])).toEqual([
+      ['0.0.0.0', 0, true],
+      ['::', 0, true],
+      ['0.0.0.0', 30082, false],
+      ['::', 30082, false],
+    ]);
+  });
+
+  it('a node-port-only external half takes its families from the cluster half', () => {
+    const p = portal(new FakeNode());
+    const [cluster, external] = unitsOf(sp('default/v6:http', { clusterIPs: ['fd00::a'], nodePort: 30090, externalTrafficPolicy: 'Local' }));
+    expect(external!.portals.map((x) => x.kind)).toEqual(['nodePort']);
+    p.listenSpecs(cluster!);
+    expect(p.listenSpecs(external!).map((s) => [s.host, s.proxyPort ?? false])).toEqual([
+      ['::', true],
+      ['::', false],
+    ]);
+  });
+
+  it('with --bind-address, proxy ports listen there', () => {
+    const p = portal(new FakeNode(), { bindAddress: '192.168.1.10' });
+    const [u] = unitsOf(sp('default/web:http'));
+    expect(p.listenSpecs(u!)[0]).toMatchObject({ host: '192.168.1.10', proxyPort: true });
+  });
+
+  it('writes each family in use as one transaction per sync, checking jumps on the first and on periodic syncs', async () => {
+    const node = new FakeNode();
+    const p = portal(node);
+    const v = views(unitsOf(sp('default/web:http', { nodePort: 30080 })));
+    expect(await p.sync(v, false)).toEqual({ errors: [] });
+    expect(node.saves().map((c) => c.command)).toEqual(['iptables-save']);
+    expect(node.restores().map((c) => c.command)).toEqual(['iptables-restore']);
+    expect(node.restores()[0]?.args).toEqual(['-w', '5', '--noflush']);
+    const first = node.restores()[0]?.input ?? '';
+    expect(first).toContain('-I PREROUTING 1 ');
+    expect(first).toContain('-A KUBE-PORTALS-HOST -d 10.96.0.10/32 -p tcp -m comment --comment "default/web:http" -m tcp --dport 80 -j DNAT --to-destination 192.168.1.10:40001');
+
+    node.calls = [];
+    await p.sync(v, false);
+    expect(node.saves()).toHaveLength(0);
+    expect(node.restores()).toHaveLength(1);
+    expect(node.restores()[0]?.input).not.toMatch(/^-I /m);
+
+    node.calls = [];
+    node.dumps[4] = ''; // someone flushed everything
+    await p.sync(v, true);
+    expect(node.saves()).toHaveLength(1);
+    expect(node.restores()[0]?.input).toContain('-I PREROUTING 1 ');
+  });
+
+  it('touches ip6tables only for IPv6 or dual-stack units, and keeps emptying it once used', async () => {
+    const node = new FakeNode();
+    const p = portal(node);
+    await p.sync(views(unitsOf(sp('default/web:http'))), false);
+    expect(node.calls.some((c) => c.command.startsWith('ip6tables'))).toBe(false);
+    await p.sync(views(unitsOf(sp('default/dual:http', { clusterIPs: ['10.96.0.12', 'fd00::c'] }))), false);
+    const v6 = node.restores().filter((c) => c.command === 'ip6tables-restore');
+    expect(v6).toHaveLength(1);
+    expect(v6[0]?.input).toContain('-A KUBE-PORTALS-HOST -d fd00::c/128 -p tcp -m comment --comment "default/dual:http" -m tcp --dport 80 -j DNAT --to-destination [2001:db8::10]:40001');
+    node.calls = [];
+    await p.sync(views(unitsOf(sp('default/web:http'))), false);
+    const emptied = node.restores().find((c) => c.command === 'ip6tables-restore');
+    expect(emptied?.input).not.toMatch(/^-A KUBE-/m);
+  });
+
+  it('1,000 Services are one iptables-restore per sync', async () => {
+    const node = new FakeNode();
+    const p = portal(node);
+    const ports = Array.from({ length: 1000 }, (_, i) => sp(`ns/svc${i}:http`, { clusterIPs: [`10.96.${i >> 8}.${i & 255}`], nodePort: 30000 + i }));
+    await p.sync(views(unitsOf(...ports)), false);
+    expect(node.restores()).toHaveLength(1);
+    expect((node.restores()[0]?.input ?? '').split('\n').filter((l) => l.startsWith('-A KUBE-'))).toHaveLength(7000);
+  });
+
+  it('a failed transaction is reported, and the next sync starts from a fresh dump', async () => {
+    const node = new FakeNode();
+    const p = portal(node);
+    const v = views(unitsOf(sp('default/web:http')));
+    await p.sync(v, false);
+    node.calls = [];
+    node.failNext.set('iptables-restore', 'iptables-restore: line 7 failed\n');
+    const failed = await p.sync(v, false);
+    expect(failed.errors).toEqual([expect.stringMatching(/^IPv4 portal rules not installed .*line 7 failed/)]);
+    node.calls = [];
+    expect(await p.sync(v, false)).toEqual({ errors: [] });
+    expect(node.saves()).toHaveLength(1);
+  });
+
+  it('cleanup removes what the dumps show, reports every failure together, and is fine twice', async () => {
+    const node = new FakeNode();
+    node.dumps[4] = LEFTOVER;
+    node.dumps[6] = LEFTOVER.replace('10.96.0.99/32', 'fd00::99/128');
+    node.linkExists = true;
+    node.failNext.set('iptables-restore', 'iptables-restore: line 2 failed\n');
+    node.failNext.set('ip6tables-restore', 'ip6tables-restore: line 2 failed\n');
+    const p = portal(node);
+    const err = await p.cleanup().then(() => undefined, (e: unknown) => e as Error);
+    expect(err?.message).toMatch(/cleanup left 2 thing\(s\) in place:\n {2}iptables-restore .*line 2 failed\n {2}ip6tables-restore .*line 2 failed/);
+    // The interface was removed although both iptables steps failed.
+    expect(node.linkExists).toBe(false);
+    node.dumps[4] = '';
+    node.dumps[6] = '';
+    await expect(p.cleanup()).resolves.toBeUndefined();
+    await expect(p.cleanup()).resolves.toBeUndefined();
+  });
+
+  it('cleanup on a node without iptables has nothing to remove', async () => {
+    const node = new FakeNode();
+    node.missing.add('iptables-save').add('ip6tables-save');
+    await expect(portal(node).cleanup()).resolves.toBeUndefined();
+  });
+});
+
+reportSkip('portal-iptables.test.ts', iptablesSkipReason);
+
+/**
+ * The real commands, in a namespace of our own (the portal's runner prefixes `ip netns exec`).
+ * This is where the figure for "1,000 Services in one transaction" comes from.
+ */
+describe.skipIf(iptablesSkipReason !== undefined)(`IptablesPortal against real iptables in a namespace${iptablesSkipReason ? ` [skipped: ${iptablesSkipReason}]` : ''}`, () => {
+  const ns = `kup-${process.pid}-ipt`;
+  const timings: string[] = [];
+  const FOREIGN_NAT = '-A POSTROUTING -s 10.244.0.0/16 -m comment --comment "someone else" -j MASQUERADE';
+  const FOREIGN_FILTER = '-A INPUT -i lo -m comment --comment "someone else" -j ACCEPT';
+
+  beforeAll(async () => {
+    await run('ip', ['netns', 'add', ns]);
+    await nsExec(ns, 'iptables-restore', ['--noflush'], { input: `*nat\n${FOREIGN_NAT}\nCOMMIT\n*filter\n${FOREIGN_FILTER}\nCOMMIT\n` });
+  });
+  afterAll(async () => {
+    await run('ip', ['netns', 'del', ns]).catch(() => {});
+    if (timings.length > 0) process.stderr.write(`portal-iptables.test.ts timings:\n  ${timings.join('\n  ')}\n`);
+  });
+
+  async function dump(): Promise<string> {
+    return (await nsExec(ns, 'iptables-save', [])).stdout;
+  }
+
+  function timedRunner(): { runner: CommandRunner; restoreMs: number[] } {
+    const inner = nsRunner(ns);
+    const restoreMs: number[] = [];
+    return {
+      restoreMs,
+      runner: {
+        run: async (cmd, args, input) => {
+          const started = performance.now();
+          const r = await inner.run(cmd, args, input);
+          if (cmd.endsWith('-restore')) restoreMs.push(performance.now() - started);
+          return r;
+        },
+        runSync: inner.runSync,
+      },
+    };
+  }
+
+  it('syncs 1,000 Services in one transaction, replaces our chains whole, and leaves other rules alone', async () => {
+    const { runner, restoreMs } = timedRunner();
+    const p = new IptablesPortal({ runner, logger: silentLogger(), nodeAddresses, bindAddress: '0.0.0.0', nodePortAddresses: [] });
+    await p.start();
+    const ports = Array.from({ length: 1000 }, (_, i) => sp(`ns${i % 10}/svc${i}:http`, { clusterIPs: [`10.96.${i >> 8}.${i & 255}`], nodePort: 30000 + i }));
+    const all = views(unitsOf(...ports));
+
+    let started = performance.now();
+    expect(await p.sync(all, false)).toEqual({ errors: [] });
+    const firstSync = performance.now() - started;
+    let saved = await dump();
+    expect(saved.split('\n').filter((l) => l.startsWith('-A KUBE-'))).toHaveLength(7000);
+    expect(planJumps(parseIptablesSave(saved))).toEqual({ nat: [], filter: [] });
+    timings.push(`first sync of 1,000 Services (7,000 rules + 6 jumps): ${firstSync.toFixed(0)} ms in all, iptables-restore ${restoreMs[restoreMs.length - 1]?.toFixed(0)} ms`);
+
+    // One Service gone: its rules disappear, a stray rule in our chain goes too.
+    await nsExec(ns, 'iptables', ['-t', 'nat', '-A', 'KUBE-PORTALS-HOST', '-d', '10.99.0.1/32', '-j', 'RETURN']);
+    const rest = all.filter((v) => v.unit.service !== 'ns5/svc5');
+    started = performance.now();
+    expect(await p.sync(rest, false)).toEqual({ errors: [] });
+    timings.push(`resync of 999 Services: ${(performance.now() - started).toFixed(0)} ms in all, iptables-restore ${restoreMs[restoreMs.length - 1]?.toFixed(0)} ms`);
+    saved = await dump();
+    expect(saved).not.toContain('"ns5/svc5:http"');
+    expect(saved).not.toContain('10.99.0.1/32');
+    expect(saved.split('\n').filter((l) => l.startsWith('-A KUBE-'))).toHaveLength(6993);
+    expect(saved).toContain(FOREIGN_NAT);
+    expect(saved).toContain(FOREIGN_FILTER);
+
+    // Flushed by someone: the periodic sync puts chains and jumps back.
+    await nsExec(ns, 'iptables', ['-t', 'nat', '-F']);
+    await nsExec(ns, 'iptables-restore', ['--noflush'], { input: `*nat\n${FOREIGN_NAT}\nCOMMIT\n` }); // its owner puts it back
+    expect(await p.sync(rest, true)).toEqual({ errors: [] });
+    saved = await dump();
+    expect(planJumps(parseIptablesSave(saved))).toEqual({ nat: [], filter: [] });
+    expect(saved.split('\n').filter((l) => l.startsWith('-A KUBE-'))).toHaveLength(6993);
+
+    started = performance.now();
+    await p.cleanup();
+    timings.push(`cleanup of 1,000 Services: ${(performance.now() - started).toFixed(0)} ms`);
+    saved = await dump();
+    expect(planRemoval(parseIptablesSave(saved))).toBe('');
+    expect(saved).toContain(FOREIGN_NAT);
+    expect(saved).toContain(FOREIGN_FILTER);
+    await p.cleanup();
+  });
+
+  it('for comparison: one iptables process per rule, as the Go proxy ran', async () => {
+    const started = performance.now();
+    for (let i = 0; i < 20; i++) await nsExec(ns, 'iptables', ['-w', '5', '-t', 'nat', '-A', 'POSTROUTING', '-d', `10.98.0.${i}/32`, '-j', 'RETURN']);
+    const per = (performance.now() - started) / 20;
+    timings.push(`one iptables process per rule: ${per.toFixed(1)} ms each (x 7,000 rules = ${((per * 7000) / 1000).toFixed(0)} s)`);
+    expect(per).toBeGreaterThan(0);
+  });
+});
