@@ -2,6 +2,7 @@ import { describe, expect, it } from 'vitest';
 import { RoundRobinBalancer, roundRobinFactory } from '../src/core/balancer/round-robin.js';
 import type { Clock, RandomSource } from '../src/core/clock.js';
 import { type AffinityPolicy, type Endpoint, toEndpoint } from '../src/core/model.js';
+import { seeded } from './helpers/seeded.js';
 
 /** A clock that moves only when the test says so; counts reads to show the None path skips it. */
 class FakeClock implements Clock {
@@ -14,18 +15,6 @@ class FakeClock implements Clock {
   advanceSeconds(s: number): void {
     this.ms += s * 1000;
   }
-}
-
-/** mulberry32: a tiny seeded PRNG, so shuffles are reproducible. */
-function seeded(seed: number): RandomSource {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
 }
 
 /** With Fisher-Yates, a source just below 1 always swaps an element with itself: no shuffle. */

@@ -1,26 +1,12 @@
 import { describe, it, expect } from 'vitest';
 import { categorizeEndpoints } from '../src/core/endpoints.js';
 import type { EndpointInfo, NodeInfo, ServicePort } from '../src/core/model.js';
+import { servicePort } from './helpers/service-port.js';
 
 const NODE: NodeInfo = { name: 'node1', zone: 'zone-a' };
 
 function sp(endpoints: EndpointInfo[], over: Partial<ServicePort> = {}): ServicePort {
-  return {
-    name: { namespace: 'default', name: 'web', port: 'http' },
-    key: 'default/web:http',
-    protocol: 'TCP',
-    port: 80,
-    clusterIPs: ['10.96.0.10'],
-    nodePort: 0,
-    externalIPs: [],
-    loadBalancerIPs: [],
-    affinity: { type: 'None', timeoutSeconds: 10800 },
-    internalTrafficPolicy: 'Cluster',
-    externalTrafficPolicy: 'Cluster',
-    healthCheckNodePort: 0,
-    endpoints,
-    ...over,
-  };
+  return servicePort('default/web:http', { endpoints, ...over });
 }
 
 /** An endpoint at 10.0.0.<n>:8080; ready unless told otherwise. */

@@ -2,23 +2,12 @@ import { describe, expect, it } from 'vitest';
 import type { RandomSource } from '../src/core/clock.js';
 import { PortAllocator, formatPortRange, parsePortRange } from '../src/core/port-allocator.js';
 import { ProxyError, UsageError } from '../src/errors.js';
+import { seeded } from './helpers/seeded.js';
 
 /** Replays `values` in turn, repeating the last one. */
 function sequence(...values: number[]): RandomSource {
   let i = 0;
   return () => values[Math.min(i++, values.length - 1)] ?? 0;
-}
-
-/** mulberry32: a tiny seeded PRNG. */
-function seeded(seed: number): RandomSource {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
 }
 
 function usageError(fn: () => unknown): UsageError {

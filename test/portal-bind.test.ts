@@ -1,38 +1,15 @@
 import { describe, expect, it } from 'vitest';
-import type { ServicePort } from '../src/core/model.js';
 import type { NodeAddress } from '../src/core/rules/node-address.js';
-import { planUnits, type ProxyUnit } from '../src/core/units.js';
+import type { ProxyUnit } from '../src/core/units.js';
 import { UsageError } from '../src/errors.js';
 import { BindPortal } from '../src/io/portal/bind-portal.js';
 import { CommandError, type CommandResult, type CommandRunner } from '../src/io/portal/command-runner.js';
 import type { NodeAddressSource } from '../src/io/portal/node-addresses.js';
 import type { RunningUnitView } from '../src/io/portal/portal.js';
 import { silentLogger } from '../src/log.js';
+import { servicePort, unitsOf } from './helpers/service-port.js';
 
-function sp(key: string, over: Partial<ServicePort> = {}): ServicePort {
-  const [ns = 'default', rest = ''] = key.split('/');
-  const [name = '', port = ''] = rest.split(':');
-  return {
-    name: { namespace: ns, name, port },
-    key,
-    protocol: 'TCP',
-    port: 80,
-    clusterIPs: ['10.96.0.10'],
-    nodePort: 0,
-    externalIPs: [],
-    loadBalancerIPs: [],
-    affinity: { type: 'None', timeoutSeconds: 10800 },
-    internalTrafficPolicy: 'Cluster',
-    externalTrafficPolicy: 'Cluster',
-    healthCheckNodePort: 0,
-    endpoints: [],
-    ...over,
-  };
-}
-
-function unitsOf(...ports: ServicePort[]): ProxyUnit[] {
-  return ports.flatMap((p) => planUnits(p, { clusterEndpoints: [], externalEndpoints: [] }));
-}
+const sp = servicePort;
 
 function views(units: ProxyUnit[]): RunningUnitView[] {
   return units.map((unit) => ({ unit }));

@@ -1,9 +1,8 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { IPFamily } from '../src/core/ip.js';
-import type { ServicePort } from '../src/core/model.js';
 import type { NodeAddress } from '../src/core/rules/node-address.js';
 import { parseIptablesSave, planJumps, planRemoval } from '../src/core/rules/iptables-save.js';
-import { planUnits, type ProxyUnit } from '../src/core/units.js';
+import type { ProxyUnit } from '../src/core/units.js';
 import { UsageError } from '../src/errors.js';
 import { CommandError, type CommandResult, type CommandRunner } from '../src/io/portal/command-runner.js';
 import { IptablesPortal } from '../src/io/portal/iptables-portal.js';
@@ -11,31 +10,9 @@ import type { NodeAddressSource } from '../src/io/portal/node-addresses.js';
 import type { RunningUnitView } from '../src/io/portal/portal.js';
 import { silentLogger } from '../src/log.js';
 import { iptablesSkipReason, nsExec, nsRunner, reportSkip, run } from './helpers/netns.js';
+import { servicePort, unitsOf } from './helpers/service-port.js';
 
-function sp(key: string, over: Partial<ServicePort> = {}): ServicePort {
-  const [ns = 'default', rest = ''] = key.split('/');
-  const [name = '', port = ''] = rest.split(':');
-  return {
-    name: { namespace: ns, name, port },
-    key,
-    protocol: 'TCP',
-    port: 80,
-    clusterIPs: ['10.96.0.10'],
-    nodePort: 0,
-    externalIPs: [],
-    loadBalancerIPs: [],
-    affinity: { type: 'None', timeoutSeconds: 10800 },
-    internalTrafficPolicy: 'Cluster',
-    externalTrafficPolicy: 'Cluster',
-    healthCheckNodePort: 0,
-    endpoints: [],
-    ...over,
-  };
-}
-
-function unitsOf(...ports: ServicePort[]): ProxyUnit[] {
-  return ports.flatMap((p) => planUnits(p, { clusterEndpoints: [], externalEndpoints: [] }));
-}
+const sp = servicePort;
 
 function views(units: ProxyUnit[], first = 40001): RunningUnitView[] {
   return units.map((unit, i) => ({ unit, proxyPort: first + i }));

@@ -8,6 +8,7 @@ import { freshJumps, parseIptablesSave, planJumps, planRemoval, splitWords } fro
 import { renderIptablesRules, restorePayload, type IptablesRenderInput, type PortalTarget } from '../src/core/rules/render-iptables.js';
 import { planUnits } from '../src/core/units.js';
 import { iptablesSkipReason, nsExec, reportSkip, run as runCmd } from './helpers/netns.js';
+import { servicePort } from './helpers/service-port.js';
 
 /**
  * Golden tests of the rendered iptables-restore payloads. To accept a change after reading the
@@ -17,23 +18,7 @@ const GOLDEN = fileURLToPath(new URL('./golden/iptables/', import.meta.url));
 const update = process.env.UPDATE_GOLDEN === '1';
 
 function sp(over: Partial<ServicePort> & { key: string }): ServicePort {
-  const [ns = 'default', rest = ''] = over.key.split('/');
-  const [name = '', port = ''] = rest.split(':');
-  return {
-    name: { namespace: ns, name, port },
-    protocol: 'TCP',
-    port: 80,
-    clusterIPs: ['10.96.0.10'],
-    nodePort: 0,
-    externalIPs: [],
-    loadBalancerIPs: [],
-    affinity: { type: 'None', timeoutSeconds: 10800 },
-    internalTrafficPolicy: 'Cluster',
-    externalTrafficPolicy: 'Cluster',
-    healthCheckNodePort: 0,
-    endpoints: [],
-    ...over,
-  };
+  return servicePort(over.key, over);
 }
 
 /** Units of `ports`, given proxy ports in order starting at `firstProxyPort`. */

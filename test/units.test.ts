@@ -1,24 +1,10 @@
 import { describe, expect, it } from 'vitest';
 import { toEndpoint, type ServicePort } from '../src/core/model.js';
 import { diffUnits, planUnits } from '../src/core/units.js';
+import { servicePort } from './helpers/service-port.js';
 
 function sp(over: Partial<ServicePort> = {}): ServicePort {
-  return {
-    name: { namespace: 'default', name: 'web', port: 'http' },
-    key: 'default/web:http',
-    protocol: 'TCP',
-    port: 80,
-    clusterIPs: ['10.96.0.80', 'fd00::80'],
-    nodePort: 0,
-    externalIPs: [],
-    loadBalancerIPs: [],
-    affinity: { type: 'None', timeoutSeconds: 10800 },
-    internalTrafficPolicy: 'Cluster',
-    externalTrafficPolicy: 'Cluster',
-    healthCheckNodePort: 0,
-    endpoints: [],
-    ...over,
-  };
+  return servicePort('default/web:http', { clusterIPs: ['10.96.0.80', 'fd00::80'], ...over });
 }
 
 const a = toEndpoint({ ip: '10.0.0.1', port: 8080 });
