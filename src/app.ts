@@ -15,13 +15,20 @@ import type { Portal } from './io/portal/portal.js';
 import type { Logger } from './log.js';
 import { Proxier, hostPort, type ProxySocketFactory } from './proxier.js';
 import { VERSION } from './cli.js';
+import { ProxierHealth, followProxier, startHealthServer } from './io/http/healthz.js';
+import { attachMetrics } from './io/http/metrics.js';
+import { observeSink } from './observed-sink.js';
+import { warnOnLowOpenFileLimit } from './fd-limit.js';
 
 /** A running proxy: what main and the demo hold on to. */
 export interface RunningProxy {
   proxier: Proxier;
   portal: Portal;
-  /** Where the admin server (/services) listens. */
+  /** Where the admin server (/services, /metrics) listens. */
   adminAddress: string;
+  /** Where /healthz and /livez are served. */
+  healthzAddress: string;
+  health: ProxierHealth;
   /** Stop accepting, let connections finish for the grace period, close everything. */
   stop(graceMs?: number): Promise<{ cut: number }>;
 }
@@ -61,20 +68,32 @@ export async function startProxy(config: ProxyConfig, logger: Logger): Promise<R
   await portal.start();
   const admin = new HttpServer(logger.child({ component: 'admin' }));
   admin.route('/services', (_req, res) => sendJson(res, 200, { version: VERSION, portal: portal.mode, node: proxier.node.name, services: proxier.status() }));
+  const metrics = attachMetrics(admin, proxier);
+  const health = new ProxierHealth(2 * config.syncPeriodMs);
+  // Health and metrics see every change on its way into the proxier, as kube-proxy's trackers do.
+  const sink = observeSink(proxier.sink, metrics, followProxier(health, proxier));
+  warnOnLowOpenFileLimit(proxier, (msg, need) => logger.warn(need, msg));
   const adminBound = await admin.listen(config.metricsBindAddress.host, config.metricsBindAddress.port);
+  const healthz = await startHealthServer({ host: config.healthzBindAddress.host, port: config.healthzBindAddress.port, health, logger, probes: metrics });
   const source = new FileSource({ path: config.stateFile, logger: logger.child({ component: 'file-source' }) });
-  await source.start(proxier.sink);
+  await source.start(sink);
   await source.synced;
   await proxier.setSynced();
-  logger.info({ portal: portal.mode, node: nodeName, state: config.stateFile, admin: hostPort({ host: adminBound.address, port: adminBound.port }) }, 'kube-userspace-proxy started');
+  const adminAddress = hostPort({ host: adminBound.address, port: adminBound.port });
+  const healthzAddress = hostPort({ host: healthz.address.address, port: healthz.address.port });
+  logger.info({ portal: portal.mode, node: nodeName, state: config.stateFile, admin: adminAddress, healthz: healthzAddress }, 'kube-userspace-proxy started');
   return {
     proxier,
     portal,
-    adminAddress: hostPort({ host: adminBound.address, port: adminBound.port }),
+    adminAddress,
+    healthzAddress,
+    health,
     async stop(graceMs = config.shutdownGracePeriodMs) {
       await source.stop();
+      // Health keeps answering through the grace period, so a liveness probe does not kill a
+      // proxy that is draining; portal rules stay in place for the next start to take over.
       const result = await proxier.shutdown(graceMs);
-      await admin.close();
+      await Promise.all([admin.close(), healthz.server.close()]);
       return result;
     },
   };

@@ -63,7 +63,7 @@ async function describe(s: UnitStatus, addr: string): Promise<string> {
 async function demo(): Promise<void> {
   const extra = process.argv.slice(2);
   const logLevel = extra.includes('--log-level') ? extra[extra.indexOf('--log-level') + 1] : 'warn';
-  const config = buildConfig({ state: stateFile, portal: 'loopback', logLevel, iptablesMinSyncPeriod: '100ms' });
+  const config = buildConfig({ state: stateFile, portal: 'loopback', logLevel, iptablesMinSyncPeriod: '100ms', healthzBindAddress: '127.0.0.1:10256' });
   const logger = createLogger(config.logLevel);
   const backends = await startDemoBackends();
   const proxy = await startProxy(config, logger);
@@ -74,6 +74,7 @@ async function demo(): Promise<void> {
   lines.push(
     '',
     `  what runs where:  curl http://${proxy.adminAddress}/services`,
+    `  metrics, health:  curl http://${proxy.adminAddress}/metrics ; curl http://${proxy.healthzAddress}/healthz`,
     `  edit ${stateFile} and the change applies live to new connections.`,
     '  Ctrl-C stops.',
     '',

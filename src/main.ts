@@ -5,6 +5,7 @@ import { parseCommandLine } from './cli.js';
 import { buildConfig } from './config.js';
 import { ProxyError, UsageError } from './errors.js';
 import { createLogger } from './log.js';
+import { resolveOptions, writeConfigFile } from './kube-proxy-config.js';
 
 /**
  * The composition root: parses flags, builds the parts, wires signals. The only place that sets
@@ -16,8 +17,15 @@ async function main(argv: string[]): Promise<number> {
     (outcome.code === 0 ? process.stdout : process.stderr).write(outcome.output);
     return outcome.code;
   }
-  const config = buildConfig(outcome.options);
+  // Flags override the --config file, which overrides the defaults, as kube-proxy documents.
+  const { options, warnings } = await resolveOptions(outcome.options);
+  const config = buildConfig(options);
   const logger = createLogger(config.logLevel);
+  for (const w of warnings) logger.warn(w);
+  if (outcome.options.writeConfigTo !== undefined) {
+    await writeConfigFile(outcome.options.writeConfigTo, config);
+    return 0;
+  }
   if (config.cleanup) {
     await createPortal(config, logger).cleanup();
     logger.info({ portal: config.portal }, 'cleanup done');

@@ -62,7 +62,7 @@ describe('a running proxy', () => {
       service({ name: 'web', clusterIP: '10.96.30.1', ports: [{ name: 'http', port }] }),
       endpointSlice({ service: 'web', ports: [{ name: 'http', port: backend.port }], endpoints: [{ ip: '127.0.30.1' }] }),
     ]));
-    const r = start(['--state', stateFile, '--metrics-bind-address', '127.0.0.1:0', '--iptables-min-sync-period', '0s']);
+    const r = start(['--state', stateFile, '--metrics-bind-address', '127.0.0.1:0', '--healthz-bind-address', '127.0.0.1:0', '--iptables-min-sync-period', '0s']);
     const line = await r.waitForLine(/kube-userspace-proxy started/);
     const admin = (JSON.parse(line) as { admin: string }).admin;
     const body = await waitFor(async () => {
@@ -81,7 +81,7 @@ describe('a running proxy', () => {
   it('reports an unreadable state file as one line and keeps running', async () => {
     const stateFile = join(dir, 'broken.yaml');
     await writeFile(stateFile, 'apiVersion: v1\nkind: Service\nmetadata: {name: x\n');
-    const r = start(['--state', stateFile, '--metrics-bind-address', '127.0.0.1:0']);
+    const r = start(['--state', stateFile, '--metrics-bind-address', '127.0.0.1:0', '--healthz-bind-address', '127.0.0.1:0']);
     await r.waitForLine(/kube-userspace-proxy started/);
     expect(r.stdout()).toMatch(/broken\.yaml/);
     r.child.kill('SIGTERM');

@@ -75,7 +75,7 @@ beforeAll(async () => {
     closers.push(() => t.close(), () => u.close());
   }
   await writeState(objects());
-  const config = buildConfig({ state: stateFile, metricsBindAddress: '127.0.0.1:0', iptablesMinSyncPeriod: '0s', udpTimeout: '250ms', logLevel: 'silent' });
+  const config = buildConfig({ state: stateFile, metricsBindAddress: '127.0.0.1:0', healthzBindAddress: '127.0.0.1:0', iptablesMinSyncPeriod: '0s', udpTimeout: '250ms', logLevel: 'silent' });
   proxy = await startProxy(config, createLogger('info', logSink));
   await waitFor(async () => (await services()).length === 3, 'the first sync');
 });

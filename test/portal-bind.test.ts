@@ -99,13 +99,22 @@ function portal(ip: FakeIp, nodePortAddresses: string[] = []): BindPortal {
 }
 
 describe('BindPortal (fake ip, no iptables on the node)', () => {
-  it('start-up removes a leftover interface and creates a fresh one, without iptables installed', async () => {
+  it('start-up keeps its own interface for the first sync, which drops the addresses of Services gone; without iptables installed', async () => {
     const ip = new FakeIp();
     ip.links.set('kube-userspace0', new Set(['10.96.9.9']));
-    await portal(ip).start();
-    expect(ip.calls).toContain('ip link del kube-userspace0');
-    expect(ip.calls).toContain('ip link add kube-userspace0 type dummy');
+    const p = portal(ip);
+    await p.start();
+    // No gap on restart: the addresses stay local until the first sync has the new state.
+    expect(ip.calls).not.toContain('ip link del kube-userspace0');
+    expect(ip.addresses()).toEqual(['10.96.9.9']);
+    await p.sync([], false);
     expect(ip.addresses()).toEqual([]);
+  });
+
+  it('start-up creates the interface when there is none', async () => {
+    const ip = new FakeIp();
+    await portal(ip).start();
+    expect(ip.calls).toContain('ip link add kube-userspace0 type dummy');
   });
 
   it('falls back to an ifb link where the kernel has no dummy', async () => {

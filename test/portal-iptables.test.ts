@@ -86,11 +86,29 @@ COMMIT
 `;
 
 describe('IptablesPortal (fake node)', () => {
-  it('start-up removes the leftovers of an earlier run, and only those', async () => {
+  it('start-up keeps its own chains for the first sync to replace whole, and removes the bind mode\'s interface', async () => {
     const node = new FakeNode();
     node.dumps[4] = LEFTOVER;
     node.linkExists = true;
-    await portal(node).start();
+    const p = portal(node);
+    await p.start();
+    // No gap on restart: the old rules stay in force until the first sync's transaction.
+    expect(node.restores()).toEqual([]);
+    expect(node.calls.some((c) => c.command === 'ip' && c.args.join(' ') === 'link del kube-userspace0')).toBe(true);
+    await p.sync([], false);
+    const [first] = node.restores();
+    expect(first?.command).toBe('iptables-restore');
+    // Declaring the chain empties it: the old Service's rule is gone, someone else's jump untouched.
+    expect(first?.input).toContain(':KUBE-PORTALS-CONTAINER - [0:0]');
+    expect(first?.input).not.toContain('default/old:http');
+    expect(first?.input).not.toContain('SOMEONE-ELSE');
+  });
+
+  it('--cleanup removes the leftovers of an earlier run, and only those', async () => {
+    const node = new FakeNode();
+    node.dumps[4] = LEFTOVER;
+    node.linkExists = true;
+    await portal(node).cleanup();
     const [removal] = node.restores();
     expect(removal?.command).toBe('iptables-restore');
     expect(removal?.input).toBe(planRemoval(parseIptablesSave(LEFTOVER)));

@@ -48,18 +48,19 @@ export class BindPortal implements Portal {
   }
 
   async start(): Promise<void> {
-    const report = await removeLeftovers(new IptablesRunner(this.opts.runner), this.iface, this.opts.nodeAddresses.ipv6Enabled());
+    // Our interface stays, addresses and all, so sockets of a restarted proxy can bind at once and
+    // connections keep reaching the node; the first sync removes the addresses of Services that
+    // are gone. Only the iptables mode's leftovers go now.
+    const report = await removeLeftovers(new IptablesRunner(this.opts.runner), this.iface, this.opts.nodeAddresses.ipv6Enabled(), 'bind');
     if (report.removed.length > 0) this.log.info({ removed: report.removed }, 'removed leftovers of an earlier run');
-    // Not fatal by itself: creating the interface below is what must work.
+    // Not fatal by itself: having the interface, below, is what must work.
     for (const err of report.failures) this.log.error({ err }, 'cannot remove leftovers of an earlier run');
     try {
-      await this.iface.create();
+      await this.reread();
     } catch (err) {
       const why = isMissingCommand(err) ? 'the ip command is not installed (install iproute2)' : (err as Error).message;
       throw new UsageError(`--portal bind: cannot create interface ${this.iface.name}: ${why}`);
     }
-    this.present = new Map();
-    this.stale = false;
   }
 
   /**

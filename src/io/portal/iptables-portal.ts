@@ -1,6 +1,6 @@
 import type { IPFamily } from '../../core/ip.js';
 import { familyHints, unitFamilies } from '../../core/rules/families.js';
-import { parseIptablesSave, planJumps, type JumpPlan } from '../../core/rules/iptables-save.js';
+import { parseIptablesSave, planRemoval, planJumps, type JumpPlan } from '../../core/rules/iptables-save.js';
 import { chooseHostIP } from '../../core/rules/node-address.js';
 import { familyInUse, isWildcard, nodePortHoldHosts, proxyPortHosts, renderIptablesRules, restorePayload } from '../../core/rules/render-iptables.js';
 import type { ProxyUnit } from '../../core/units.js';
@@ -56,12 +56,23 @@ export class IptablesPortal implements Portal {
     // Reading the table proves the commands are there and we may use them: fail at start, with
     // one line, rather than at every sync.
     try {
-      await this.iptables.save(4);
+      // Families that still hold our chains from an earlier run count as installed: the first
+      // sync must replace them even when no Service of that family exists any more.
+      if (planRemoval(parseIptablesSave(await this.iptables.save(4))) !== '') this.installed.add(4);
     } catch (err) {
       const why = isMissingCommand(err) ? 'iptables-save is not installed (install the iptables package, or use --portal bind)' : `${(err as Error).message} (it needs root)`;
       throw new UsageError(`--portal iptables: ${why}`);
     }
-    const report = await removeLeftovers(this.iptables, this.bindInterface, this.opts.nodeAddresses.ipv6Enabled());
+    if (this.opts.nodeAddresses.ipv6Enabled()) {
+      try {
+        if (planRemoval(parseIptablesSave(await this.iptables.save(6))) !== '') this.installed.add(6);
+      } catch (err) {
+        this.log.warn({ err }, 'cannot read the IPv6 rules; IPv6 Services will report their own errors');
+      }
+    }
+    // Our own chains stay until the first sync replaces them whole (and fixes the jumps), so a
+    // restart leaves no moment without rules; only the bind mode's leftovers go now.
+    const report = await removeLeftovers(this.iptables, this.bindInterface, this.opts.nodeAddresses.ipv6Enabled(), 'iptables');
     if (report.removed.length > 0) this.log.info({ removed: report.removed }, 'removed leftovers of an earlier run');
     // Not fatal: the first sync replaces our chains whole and fixes the jumps anyway.
     for (const err of report.failures) this.log.error({ err }, 'cannot remove leftovers of an earlier run');

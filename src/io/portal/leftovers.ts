@@ -14,14 +14,16 @@ export interface LeftoverReport {
 
 /**
  * Removes whatever either portal mode installed, by looking, not by remembering: so it also
- * works after SIGKILL, after a run in the other mode, and twice in a row. Each step runs whatever
+ * works after SIGKILL, after a run in the other mode, and twice in a row. `keep` spares the
+ * starting mode's own rules or addresses: its first sync replaces them whole, so a restarted
+ * proxy leaves no gap in which the node has no rules at all. Each step runs whatever
  * the others did; a missing command means nothing of its kind can have been installed (a node
  * without iptables for the bind portal, a kernel without IPv6).
  */
-export async function removeLeftovers(iptables: IptablesRunner, bindInterface: BindInterface, ipv6: boolean): Promise<LeftoverReport> {
+export async function removeLeftovers(iptables: IptablesRunner, bindInterface: BindInterface, ipv6: boolean, keep?: 'iptables' | 'bind'): Promise<LeftoverReport> {
   const report: LeftoverReport = { removed: [], failures: [] };
   const families: IPFamily[] = ipv6 ? [4, 6] : [4];
-  for (const family of families) {
+  for (const family of keep === 'iptables' ? [] : families) {
     try {
       const payload = planRemoval(parseIptablesSave(await iptables.save(family)));
       if (payload === '') continue;
@@ -31,6 +33,7 @@ export async function removeLeftovers(iptables: IptablesRunner, bindInterface: B
       if (!isMissingCommand(err)) report.failures.push(err as Error);
     }
   }
+  if (keep === 'bind') return report;
   try {
     if (await bindInterface.remove()) report.removed.push(`interface ${bindInterface.name}`);
   } catch (err) {

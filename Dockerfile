@@ -1,0 +1,42 @@
+# syntax=docker/dockerfile:1
+#
+# kube-userspace-proxy. Build with the repository root as context:
+#   docker build -t kube-userspace-proxy:0.1.0 .
+#
+# Two stages: `build` installs every dependency with `npm ci` and compiles with `tsc` (npm run
+# build), then drops the dev dependencies; `runtime` is a slim Node 20 image with iptables and
+# iproute2 (the iptables and bind portals call them), the compiled JavaScript and the production
+# dependencies, run as a non-root user.
+
+ARG NODE_IMAGE=node:20-bookworm-slim
+
+FROM ${NODE_IMAGE} AS build
+WORKDIR /src
+COPY package.json package-lock.json ./
+RUN npm ci --no-audit --no-fund
+COPY tsconfig.json tsconfig.build.json ./
+COPY src ./src
+RUN npm run build && npm prune --omit=dev --no-audit --no-fund
+
+FROM ${NODE_IMAGE} AS runtime
+# A non-root process keeps no capability across exec unless the file it runs carries it, and the
+# DaemonSet grants NET_ADMIN only. So iptables (xtables-nft-multi behind iptables-restore) gets a
+# file capability; setcap itself is removed again. NNP must stay off for it to apply
+# (allowPrivilegeEscalation is left true in deploy/daemon-set.yaml). iproute2's `ip` drops file
+# capabilities when not run by root: --portal bind needs runAsUser 0 (see the DaemonSet).
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends iptables iproute2 libcap2-bin \
+ && setcap cap_net_admin+ep /usr/sbin/xtables-nft-multi \
+ && apt-get purge -y libcap2-bin \
+ && rm -rf /var/lib/apt/lists/* \
+ && groupadd --system --gid 65532 proxy \
+ && useradd --system --uid 65532 --gid 65532 --home-dir /nonexistent --no-create-home --shell /usr/sbin/nologin proxy
+WORKDIR /app
+ENV NODE_ENV=production
+COPY --from=build /src/package.json /src/package-lock.json ./
+COPY --from=build /src/node_modules ./node_modules
+COPY --from=build /src/dist/src ./dist/src
+# The `proxy` user made above (65532, the conventional non-root uid); numeric, so runAsNonRoot can verify it.
+USER 65532:65532
+# package.json "bin". Flags and --config go in the DaemonSet's args.
+ENTRYPOINT ["node", "dist/src/main.js"]
