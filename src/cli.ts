@@ -44,7 +44,7 @@ export function buildProgram(capture: { out: string; err: string }): Command {
     .option('--iptables-min-sync-period <duration>', `the shortest time between syncs; bursts of changes merge (default: ${DEFAULTS.iptablesMinSyncPeriod})`)
     .addOption(new Option('--sync-period <duration>', 'alias of --iptables-sync-period').hideHelp())
     .addOption(new Option('--min-sync-period <duration>', 'alias of --iptables-min-sync-period').hideHelp())
-    .option('--config-sync-period <duration>', `how often the API watch re-lists Services and EndpointSlices (default: ${DEFAULTS.configSyncPeriod})`)
+    .option('--config-sync-period <duration>', `how often every Service is re-translated from memory (kube-proxy's resync; never a re-list) (default: ${DEFAULTS.configSyncPeriod})`)
     .option('--nodeport-addresses <cidrs>', 'comma-separated CIDRs whose local addresses serve node ports (default: all)')
     .option('--service-cluster-ip-range <cidrs>', 'the Service ClusterIP range(s), made local by --portal bind')
     .option('--shutdown-grace-period <duration>', `how long established connections may finish after SIGTERM (default: ${DEFAULTS.shutdownGracePeriod})`)

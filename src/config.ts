@@ -24,7 +24,10 @@ export interface ProxyConfig {
   master?: string;
   syncPeriodMs: number;
   minSyncPeriodMs: number;
-  /** `--config-sync-period`: how often the API watch re-lists (kube-proxy's configSyncPeriod). */
+  /**
+   * `--config-sync-period`: kube-proxy's informer resync: every Service is re-translated from the
+   * cache in memory. It never re-lists from the API server (watches resume, and a 410 re-lists).
+   */
   configSyncPeriodMs: number;
   /** `--nodeport-addresses`: CIDRs whose local addresses serve node ports; empty = all. */
   nodePortAddresses: string[];

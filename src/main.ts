@@ -31,11 +31,20 @@ async function main(argv: string[]): Promise<number> {
     logger.info({ portal: config.portal }, 'cleanup done');
     return 0;
   }
-  const proxy = await startProxy(config, logger);
-  const signal = await new Promise<NodeJS.Signals>((resolve) => {
+  const signalled = new Promise<NodeJS.Signals>((resolve) => {
     process.once('SIGTERM', resolve);
     process.once('SIGINT', resolve);
   });
+  // Start-up may wait a long time for an API server that does not answer: a signal then stops
+  // the process at once (nothing has been accepted yet, so nothing is cut).
+  const first = await Promise.race([startProxy(config, logger), signalled]);
+  if (typeof first === 'string') {
+    logger.info({ signal: first }, 'stopped before the first sync');
+    logger.flush();
+    process.exit(0);
+  }
+  const proxy = first;
+  const signal = await signalled;
   logger.info({ signal, active: proxy.proxier.activeConnections(), graceMs: config.shutdownGracePeriodMs }, 'shutting down: no new connections; established ones may finish');
   const { cut } = await proxy.stop();
   logger.info({ cut }, 'stopped');

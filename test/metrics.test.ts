@@ -123,7 +123,7 @@ beforeAll(async () => {
   });
   admin = new HttpServer(logger);
   metrics = attachMetrics(admin, proxier, { wallNow: () => wall });
-  sink = observeSink(proxier.sink, metrics);
+  sink = observeSink(metrics.wrapSink(proxier.sink), metrics);
   const bound = await admin.listen('127.0.0.1', 0);
   base = `http://127.0.0.1:${bound.port}`;
 });

@@ -7,7 +7,9 @@ import type { NodeInfo, ServicePort } from '../../core/model.js';
 import type { StateCache } from '../../core/state-cache.js';
 import { DIAL_LATENCY_BUCKETS, type ServicePortStats } from '../../core/stats.js';
 import { StatsLedger, type Reading, type Totals } from '../../core/stats-ledger.js';
-import { TRIGGER_TIME_ANNOTATION, translateService } from '../../core/translate.js';
+import { translateService } from '../../core/translate.js';
+import type { StateSink } from '../../core/state-cache.js';
+import { ProgrammingLatencyTracker } from '../kube/programming-latency.js';
 import type { ProxyUnit } from '../../core/units.js';
 import type { SinkObserver } from '../../observed-sink.js';
 import type { SyncSummary } from '../../proxier.js';
@@ -53,18 +55,16 @@ export interface MetricsOptions {
 const NETWORK_PROGRAMMING_BUCKETS = [0, ...linearBuckets(0.25, 0.25, 2), ...linearBuckets(1, 1, 59), ...linearBuckets(60, 5, 12), ...linearBuckets(120, 30, 7)];
 
 /** Bound on trigger times waiting for a sync: far above what one sync period collects. */
-const MAX_PENDING_TRIGGERS = 10_000;
 
 export class ProxyMetrics implements SinkObserver, ProbeObserver {
   readonly registry = new Registry();
   private readonly clock: Clock;
   private readonly wallNow: () => number;
-  private readonly startedWall: number;
   private readonly ledger = new StatsLedger();
   private reading: Reading | undefined;
   private running = 0;
-  /** Trigger times of endpoint changes not yet applied, with when they arrived (proxier clock). */
-  private pendingTriggers: Array<{ arrived: number; trigger: number }> = [];
+  /** Network programming latency: which slice changes are new, and when a sync applied them. */
+  private readonly latency: ProgrammingLatencyTracker;
   /** Something changed since no-local-endpoints was last counted. */
   private changedSinceCount = true;
 
@@ -84,7 +84,11 @@ export class ProxyMetrics implements SinkObserver, ProbeObserver {
   ) {
     this.clock = opts.clock ?? systemClock;
     this.wallNow = opts.wallNow ?? Date.now;
-    this.startedWall = this.wallNow();
+    this.latency = new ProgrammingLatencyTracker({
+      clock: this.clock,
+      wallNow: this.wallNow,
+      observe: (change) => this.networkProgramming.observe(change.sinceTriggerSeconds),
+    });
     const registers = [this.registry];
     if (opts.processMetrics !== false) collectDefaultMetrics({ register: this.registry });
 
@@ -124,16 +128,15 @@ export class ProxyMetrics implements SinkObserver, ProbeObserver {
 
   endpointSlicesChanged(upserted: readonly V1EndpointSlice[], deleted: number): void {
     this.endpointChanges.inc(upserted.length + deleted);
-    const arrived = this.clock.now();
-    for (const slice of upserted) {
-      const text = slice.metadata?.annotations?.[TRIGGER_TIME_ANNOTATION];
-      const trigger = text === undefined ? NaN : Date.parse(text);
-      // As upstream: only changes made after the proxy started (a relist replays old ones).
-      if (!Number.isFinite(trigger) || trigger < this.startedWall) continue;
-      if (this.pendingTriggers.length >= MAX_PENDING_TRIGGERS) this.pendingTriggers.shift();
-      this.pendingTriggers.push({ arrived, trigger });
-    }
     this.queued();
+  }
+
+  /**
+   * The sink between a source and the proxier, noting the trigger times of changed slices: a
+   * slice counts when its `last-change-trigger-time` is new, so a re-list does not count again.
+   */
+  wrapSink(sink: StateSink): StateSink {
+    return this.latency.wrap(sink);
   }
 
   nodeChanged(): void {
@@ -159,28 +162,13 @@ export class ProxyMetrics implements SinkObserver, ProbeObserver {
     if (s.portalErrors > 0) return;
     const now = this.wallNow();
     this.lastSynced.set(now / 1000);
-    this.observeNetworkProgramming(now);
+    this.latency.synced(s);
     if (this.changedSinceCount) {
       this.changedSinceCount = false;
       const counts = countNoLocalEndpoints(this.proxier.cache, this.proxier.node);
       this.noLocalEndpoints.set({ traffic_policy: 'internal' }, counts.internal);
       this.noLocalEndpoints.set({ traffic_policy: 'external' }, counts.external);
     }
-  }
-
-  /**
-   * Changes that arrived before this sync started were applied by it. The proxier clears
-   * pendingSince when a sync starts and sets it again on the first change after, so whatever
-   * arrived from pendingSince on waits for the next sync.
-   */
-  private observeNetworkProgramming(nowWall: number): void {
-    const boundary = this.proxier.pendingSince ?? Infinity;
-    const waiting: Array<{ arrived: number; trigger: number }> = [];
-    for (const p of this.pendingTriggers) {
-      if (p.arrived < boundary) this.networkProgramming.observe(Math.max(0, nowWall - p.trigger) / 1000);
-      else waiting.push(p);
-    }
-    this.pendingTriggers = waiting;
   }
 
   /** What is read from the reading rather than recorded: the service-port count and node-wide dial latency. */

@@ -1,0 +1,164 @@
+import type { KubernetesObject, V1EndpointSlice, V1Node, V1Service } from '@kubernetes/client-node';
+import type { NodeInfo } from '../../core/model.js';
+import type { StateSink } from '../../core/state-cache.js';
+import type { RandomSource } from '../../core/clock.js';
+import type { Logger } from '../../log.js';
+import type { KubeApi } from './api-client.js';
+import { API_RESOURCES, PROXY_LABEL_SELECTOR, type ApiResource } from './api-resources.js';
+import type { BackoffOptions } from './backoff.js';
+import { Reflector, type ReflectorHandlers, type ReflectorStats } from './reflector.js';
+import type { Source } from './source.js';
+
+/**
+ * Services, EndpointSlices and this node's Node from a cluster: one reflector (list + watch)
+ * each, feeding the proxier's sink. The sink merges changes per key and the proxier applies them
+ * with one rate-limited sync; an object that fails validation is reported there and skipped.
+ *
+ * Services and EndpointSlices are watched in all namespaces with kube-proxy's label selector.
+ * The Node is watched by name: its zone label drives topology hints (sink.setNode, only when name
+ * or zone change, since a Node is updated often), and the raw object goes to `onNode` for the
+ * health server (deletionTimestamp, the ToBeDeletedByClusterAutoscaler taint).
+ */
+
+export const ZONE_LABEL = 'topology.kubernetes.io/zone';
+
+export interface ApiSourceOptions {
+  api: KubeApi;
+  /** This node's name (`--hostname-override`, else the hostname). */
+  nodeName: string;
+  logger: Logger;
+  /** This Node as the API shows it; `undefined` once it is deleted (after having been seen). */
+  onNode?: (node: V1Node | undefined) => void;
+  /** `--config-sync-period`: re-list at least this often; 0: never without cause. */
+  relistPeriodMs?: number;
+  backoff?: Partial<BackoffOptions>;
+  random?: RandomSource;
+  /** Tests shorten these; production leaves them to the reflector's defaults. */
+  watchTimeoutSeconds?: () => number;
+  watchGraceMs?: number;
+  pageSize?: number;
+}
+
+export class ApiSource implements Source {
+  readonly synced: Promise<void>;
+  private resolveSynced: () => void = () => {};
+  private readonly log: Logger;
+  private reflectors: Array<Reflector<KubernetesObject>> = [];
+  private sink: StateSink | undefined;
+  private node: NodeInfo | undefined;
+  private nodeSeen = false;
+  private nodeMissingReported = false;
+
+  constructor(private readonly opts: ApiSourceOptions) {
+    this.log = opts.logger.child({ component: 'api-source' });
+    this.synced = new Promise((resolve) => {
+      this.resolveSynced = resolve;
+    });
+  }
+
+  /** Starts the watches and returns at once; `synced` tells when the first lists are in. */
+  async start(sink: StateSink): Promise<void> {
+    if (this.sink) return;
+    this.sink = sink;
+    const services = this.reflector<V1Service>(API_RESOURCES.services, PROXY_LABEL_SELECTOR, undefined, {
+      replace: (items) => sink.replaceServices(items),
+      upsert: (obj) => sink.upsertService(obj),
+      remove: (obj) => sink.deleteService(obj.metadata?.namespace ?? '', obj.metadata?.name ?? ''),
+    });
+    const slices = this.reflector<V1EndpointSlice>(API_RESOURCES.endpointSlices, PROXY_LABEL_SELECTOR, undefined, {
+      replace: (items) => sink.replaceEndpointSlices(items),
+      upsert: (obj) => sink.upsertEndpointSlice(obj),
+      remove: (obj) => sink.deleteEndpointSlice(obj.metadata?.namespace ?? '', obj.metadata?.name ?? ''),
+    });
+    const node = this.reflector<V1Node>(API_RESOURCES.nodes, undefined, `metadata.name=${this.opts.nodeName}`, {
+      replace: (items) => this.nodeListed(items),
+      upsert: (obj) => this.nodeChanged(obj),
+      remove: () => this.nodeGone(),
+    });
+    this.reflectors = [services, slices, node] as Array<Reflector<KubernetesObject>>;
+    this.log.info({ server: this.opts.api.server, node: this.opts.nodeName }, 'watching Services, EndpointSlices and this Node');
+    for (const r of this.reflectors) r.start();
+    void Promise.all([services.synced, slices.synced]).then(() => {
+      this.log.info('first lists of Services and EndpointSlices are in');
+      this.resolveSynced();
+    });
+  }
+
+  async stop(): Promise<void> {
+    await Promise.all(this.reflectors.map((r) => r.stop()));
+  }
+
+  /** Per resource: lists, watches, 410s and failures so far, and the resourceVersion a watch resumes from. */
+  stats(): Record<string, ReflectorStats & { resourceVersion: string }> {
+    const names = ['services', 'endpointSlices', 'nodes'];
+    return Object.fromEntries(this.reflectors.map((r, i) => [names[i] ?? String(i), { ...r.stats, resourceVersion: r.resourceVersion }]));
+  }
+
+  /** Ends every watch and lists afresh (what --config-sync-period does on its timer). */
+  relist(): void {
+    for (const r of this.reflectors) r.relistSoon();
+  }
+
+  private reflector<T extends KubernetesObject>(res: ApiResource, labelSelector: string | undefined, fieldSelector: string | undefined, handlers: ReflectorHandlers<T>): Reflector<T> {
+    const opts = this.opts;
+    return new Reflector<T>({
+      name: res.resource,
+      api: opts.api,
+      path: collectionPath(res),
+      labelSelector,
+      fieldSelector,
+      handlers,
+      logger: opts.logger,
+      ...(opts.backoff ? { backoff: opts.backoff } : {}),
+      ...(opts.random ? { random: opts.random } : {}),
+      ...(opts.watchTimeoutSeconds ? { watchTimeoutSeconds: opts.watchTimeoutSeconds } : {}),
+      ...(opts.watchGraceMs !== undefined ? { watchGraceMs: opts.watchGraceMs } : {}),
+      ...(opts.pageSize ? { pageSize: opts.pageSize } : {}),
+      ...(opts.relistPeriodMs ? { relistPeriodMs: opts.relistPeriodMs } : {}),
+    });
+  }
+
+  private nodeListed(items: V1Node[]): void {
+    const mine = items.find((n) => n.metadata?.name === this.opts.nodeName);
+    if (mine) {
+      this.nodeChanged(mine);
+      return;
+    }
+    if (this.nodeSeen) {
+      this.nodeGone();
+    } else if (!this.nodeMissingReported) {
+      this.nodeMissingReported = true;
+      this.log.warn({ node: this.opts.nodeName }, `no Node named ${this.opts.nodeName}: topology hints stay off until it appears (is --hostname-override right?)`);
+    }
+  }
+
+  private nodeChanged(obj: V1Node): void {
+    if (obj.metadata?.name !== this.opts.nodeName) return;
+    this.nodeSeen = true;
+    const zone = obj.metadata.labels?.[ZONE_LABEL];
+    const info: NodeInfo = zone ? { name: this.opts.nodeName, zone } : { name: this.opts.nodeName };
+    if (this.node === undefined || this.node.zone !== info.zone) {
+      this.node = info;
+      this.log.info({ node: info.name, zone: info.zone ?? null }, 'this Node');
+      this.sink?.setNode(info);
+    }
+    this.opts.onNode?.(obj);
+  }
+
+  private nodeGone(): void {
+    if (!this.nodeSeen) return;
+    this.nodeSeen = false;
+    this.log.warn({ node: this.opts.nodeName }, `Node ${this.opts.nodeName} was deleted`);
+    // Its zone is gone with it: topology hints no longer match anything here.
+    if (this.node?.zone !== undefined) {
+      this.node = { name: this.opts.nodeName };
+      this.sink?.setNode(this.node);
+    }
+    this.opts.onNode?.(undefined);
+  }
+}
+
+/** `/api/v1/services`, `/apis/discovery.k8s.io/v1/endpointslices`: all namespaces. */
+export function collectionPath(res: ApiResource): string {
+  return res.group === '' ? `/api/${res.version}/${res.resource}` : `/apis/${res.group}/${res.version}/${res.resource}`;
+}

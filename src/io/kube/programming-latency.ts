@@ -1,0 +1,123 @@
+import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
+import type { Clock } from '../../core/clock.js';
+import type { NodeInfo } from '../../core/model.js';
+import type { StateSink } from '../../core/state-cache.js';
+import { TRIGGER_TIME_ANNOTATION } from '../../core/translate.js';
+import { SERVICE_NAME_LABEL } from '../../core/validate.js';
+
+/**
+ * Network programming latency, kube-proxy's network_programming_duration_seconds: from the
+ * moment a change happened in the cluster (the EndpointSlice controller's
+ * `endpoints.kubernetes.io/last-change-trigger-time` annotation) to the end of the sync that made
+ * new connections use it. Also, from the moment the change reached this proxy.
+ *
+ * No hook in the proxier is needed: a sync takes every change queued before it started, so a
+ * change that reached the sink before `now - durationMs` of a finished sync is programmed by it.
+ * Wire `wrap(sink)` between the source and the proxier, and `synced` into proxier.onSync.
+ *
+ * As kube-proxy: a slice counts when its trigger time is new (the controller rewrites the
+ * annotation with every change it makes, so an unchanged annotation is a re-list or a resync,
+ * not a change), and trigger times from before this tracker started are ignored (the first list
+ * would report the age of the cluster).
+ */
+
+export interface ProgrammedChange {
+  /** `namespace/name` of the Service. */
+  service: string;
+  /** Seconds from the trigger time to programmed: network_programming_duration_seconds. */
+  sinceTriggerSeconds: number;
+  /** Seconds from the change reaching the proxy to programmed. */
+  sinceArrivalSeconds: number;
+}
+
+export interface ProgrammingLatencyOptions {
+  /** Monotonic milliseconds: the proxier's clock (sync durations are measured on it). */
+  clock: Clock;
+  /** Wall-clock milliseconds since the epoch: trigger times are wall-clock. */
+  wallNow: () => number;
+  observe: (change: ProgrammedChange) => void;
+  /** Pending changes kept at most (oldest dropped): a bound while nothing syncs. Default 100,000. */
+  maxPending?: number;
+}
+
+interface Pending {
+  service: string;
+  triggerMs: number;
+  arrived: number;
+}
+
+export class ProgrammingLatencyTracker {
+  private readonly startedWall: number;
+  /** Slice key -> the trigger-time annotation last seen on it. */
+  private readonly seen = new Map<string, string>();
+  private pending: Pending[] = [];
+  private readonly maxPending: number;
+
+  constructor(private readonly opts: ProgrammingLatencyOptions) {
+    this.startedWall = opts.wallNow();
+    this.maxPending = opts.maxPending ?? 100_000;
+  }
+
+  /** Changes waiting for a sync. */
+  get pendingCount(): number {
+    return this.pending.length;
+  }
+
+  /** A sink that forwards everything to `sink` and notes the trigger times of changed slices. */
+  wrap(sink: StateSink): StateSink {
+    return {
+      upsertService: (o: V1Service) => sink.upsertService(o),
+      deleteService: (ns: string, name: string) => sink.deleteService(ns, name),
+      replaceServices: (objs: readonly V1Service[]) => sink.replaceServices(objs),
+      setNode: (node: NodeInfo) => sink.setNode(node),
+      upsertEndpointSlice: (o: V1EndpointSlice) => {
+        sink.upsertEndpointSlice(o);
+        this.note(o);
+      },
+      deleteEndpointSlice: (ns: string, name: string) => {
+        sink.deleteEndpointSlice(ns, name);
+        this.seen.delete(`${ns || 'default'}/${name}`);
+      },
+      replaceEndpointSlices: (objs: readonly V1EndpointSlice[]) => {
+        sink.replaceEndpointSlices(objs);
+        const listed = new Set(objs.map(sliceKey));
+        for (const key of [...this.seen.keys()]) if (!listed.has(key)) this.seen.delete(key);
+        for (const o of objs) this.note(o);
+      },
+    };
+  }
+
+  /** A sync finished (proxier.onSync): everything that arrived before it started is programmed. */
+  synced(summary: { durationMs: number }): void {
+    if (this.pending.length === 0) return;
+    const now = this.opts.clock.now();
+    const wall = this.opts.wallNow();
+    const started = now - summary.durationMs;
+    const still: Pending[] = [];
+    for (const p of this.pending) {
+      if (p.arrived > started) {
+        still.push(p);
+        continue;
+      }
+      this.opts.observe({ service: p.service, sinceTriggerSeconds: Math.max(0, wall - p.triggerMs) / 1000, sinceArrivalSeconds: (now - p.arrived) / 1000 });
+    }
+    this.pending = still;
+  }
+
+  private note(slice: V1EndpointSlice): void {
+    const text = slice.metadata?.annotations?.[TRIGGER_TIME_ANNOTATION];
+    if (typeof text !== 'string') return;
+    const key = sliceKey(slice);
+    if (this.seen.get(key) === text) return;
+    this.seen.set(key, text);
+    const triggerMs = Date.parse(text);
+    if (Number.isNaN(triggerMs) || triggerMs < this.startedWall) return;
+    const service = `${slice.metadata?.namespace || 'default'}/${slice.metadata?.labels?.[SERVICE_NAME_LABEL] ?? ''}`;
+    this.pending.push({ service, triggerMs, arrived: this.opts.clock.now() });
+    if (this.pending.length > this.maxPending) this.pending.splice(0, this.pending.length - this.maxPending);
+  }
+}
+
+function sliceKey(s: V1EndpointSlice): string {
+  return `${s.metadata?.namespace || 'default'}/${s.metadata?.name ?? ''}`;
+}
