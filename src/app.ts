@@ -66,7 +66,7 @@ export async function startProxy(config: ProxyConfig, logger: Logger): Promise<R
   });
   const health = new ProxierHealth(2 * config.syncPeriodMs);
   // Before anything is started: a bad flag or no cluster to be found is one line and exit 2.
-  const source = createSource(config, { logger, nodeName, onNode: (node) => health.setNode(node) });
+  const source = await createSource(config, { logger, nodeName, onNode: (node) => health.setNode(node) });
   await portal.start();
   const admin = new HttpServer(logger.child({ component: 'admin' }));
   admin.route('/services', (_req, res) => sendJson(res, 200, { version: VERSION, portal: portal.mode, node: proxier.node.name, services: proxier.status() }));

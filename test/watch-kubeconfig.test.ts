@@ -121,13 +121,13 @@ describe('finding the API server', () => {
 describe('createSource', () => {
   const deps = { logger: silentLogger(), nodeName: 'node1' };
 
-  it('serves the file with --state, and watches the cluster without it', () => {
-    expect(createSource(buildConfig({ state: join(dir, 'state.yaml') }), deps)).toBeInstanceOf(FileSource);
-    expect(createSource(buildConfig({ kubeconfig: join(dir, 'flag.yaml') }), { ...deps, kubeConfigEnv: env({}) })).toBeInstanceOf(ApiSource);
+  it('serves the file with --state, and watches the cluster without it', async () => {
+    expect(await createSource(buildConfig({ state: join(dir, 'state.yaml') }), deps)).toBeInstanceOf(FileSource);
+    expect(await createSource(buildConfig({ kubeconfig: join(dir, 'flag.yaml') }), { ...deps, kubeConfigEnv: env({}) })).toBeInstanceOf(ApiSource);
   });
 
-  it('refuses --state together with --kubeconfig or --master', () => {
-    expect(() => createSource(buildConfig({ state: 'x.yaml', kubeconfig: join(dir, 'flag.yaml') }), deps)).toThrow(UsageError);
-    expect(() => createSource(buildConfig({ state: 'x.yaml', master: 'https://m.invalid' }), deps)).toThrow(/--state serves a file/);
+  it('refuses --state together with --kubeconfig or --master', async () => {
+    await expect(createSource(buildConfig({ state: 'x.yaml', kubeconfig: join(dir, 'flag.yaml') }), deps)).rejects.toThrow(UsageError);
+    await expect(createSource(buildConfig({ state: 'x.yaml', master: 'https://m.invalid' }), deps)).rejects.toThrow(/--state serves a file/);
   });
 });

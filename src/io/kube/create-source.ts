@@ -5,7 +5,9 @@ import type { Logger } from '../../log.js';
 import { HttpKubeApi } from './api-client.js';
 import { ApiSource } from './api-source.js';
 import { FileSource } from './file-source.js';
-import { loadKubeConfig, type KubeConfigEnv } from './kubeconfig.js';
+import type { KubeConfigEnv } from './kubeconfig.js';
+import { errnoCode } from '../../errors.js';
+import { readOpenFileLimit } from '../../fd-limit.js';
 import type { Source } from './source.js';
 
 export type { Source } from './source.js';
@@ -24,14 +26,18 @@ export interface CreateSourceDeps {
  * `--state FILE` serves a file; otherwise the cluster is watched, found through --kubeconfig,
  * in-cluster credentials, $KUBECONFIG or ~/.kube/config (kubeconfig.ts), with --master on top.
  * Throws UsageError when no cluster can be found or the flags contradict each other.
+ *
+ * The Kubernetes client is loaded only for a cluster: its 2,500 generated modules briefly hold
+ * some 750 descriptors while they load, which --state never needs to pay.
  */
-export function createSource(config: ProxyConfig, deps: CreateSourceDeps): Source {
+export async function createSource(config: ProxyConfig, deps: CreateSourceDeps): Promise<Source> {
   if (config.stateFile) {
     if (config.kubeconfig || config.master) {
       throw new UsageError('--state serves a file instead of a cluster: drop --kubeconfig/--master, or drop --state');
     }
     return new FileSource({ path: config.stateFile, logger: deps.logger.child({ component: 'file-source' }) });
   }
+  const { loadKubeConfig } = await loadKubeConfigModule();
   const flags = { ...(config.kubeconfig ? { kubeconfig: config.kubeconfig } : {}), ...(config.master ? { master: config.master } : {}) };
   const loaded = loadKubeConfig(flags, deps.kubeConfigEnv);
   if (loaded.insecure) deps.logger.warn({ server: loaded.server }, 'the API server is reached over plain HTTP: nothing authenticates it');
@@ -42,4 +48,28 @@ export function createSource(config: ProxyConfig, deps: CreateSourceDeps): Sourc
     logger: deps.logger,
     ...(deps.onNode ? { onNode: deps.onNode } : {}),
   });
+}
+
+/** What loading the Kubernetes client takes at once, with room to spare (measured: about 750). */
+const CLIENT_LOAD_DESCRIPTORS = 1024;
+
+async function loadKubeConfigModule(): Promise<typeof import('./kubeconfig.js')> {
+  try {
+    return await import('./kubeconfig.js');
+  } catch (err) {
+    // Out of descriptors, the module loader fails with EMFILE or, when a stat fails, with
+    // ERR_MODULE_NOT_FOUND; even /proc/self/limits may not open then. Judge by the limit.
+    let soft: number | undefined;
+    try {
+      soft = readOpenFileLimit()?.soft;
+    } catch {
+      soft = undefined;
+    }
+    if (errnoCode(err) === 'EMFILE' || soft === undefined || soft < CLIENT_LOAD_DESCRIPTORS) {
+      const limit = soft === undefined ? '' : `, and the limit is ${soft}`;
+      const why = err instanceof Error ? ` (${err.message.split('\n')[0]})` : '';
+      throw new UsageError(`loading the Kubernetes client needs about ${CLIENT_LOAD_DESCRIPTORS} open files at once${limit}: raise the open-file limit (ulimit -n, or LimitNOFILE= under systemd)${why}`, { cause: err });
+    }
+    throw err;
+  }
 }
