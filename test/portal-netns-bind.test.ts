@@ -17,6 +17,7 @@ import {
   nsAdminGet,
   nsExec,
   nsRequest,
+  reachabilityTests,
   reportSkip,
   startBackend,
   type Lab,
@@ -107,24 +108,7 @@ describe.skipIf(netnsSkipReason !== undefined)(`--portal bind in network namespa
     await rm(dir, { recursive: true, force: true });
   }, 60_000);
 
-  it('a pod reaches a ClusterIP over TCP and UDP, through the proxy to the backend', async () => {
-    expect(await waitFor(() => nsRequest(lab!.pod, 'tcp', S.echoIP, S.tcpPort, 'hello'), 'TCP from the pod')).toBe('backend:hello');
-    expect(await nsRequest(lab!.pod, 'udp', S.echoIP, S.udpPort, 'ping')).toBe('backend:ping');
-    await expect(nsRequest(lab!.pod, 'tcp', LAB.backend, S.backendTcp, 'direct', 800)).rejects.toThrow();
-  });
-
-  it('the node itself reaches the ClusterIP (TCP and UDP) and its own node ports', async () => {
-    expect(await nsRequest(lab!.node, 'tcp', S.echoIP, S.tcpPort, 'node')).toBe('backend:node');
-    expect(await nsRequest(lab!.node, 'udp', S.echoIP, S.udpPort, 'node-udp')).toBe('backend:node-udp');
-    expect(await nsRequest(lab!.node, 'tcp', '127.0.0.1', S.tcpNodePort, 'lo')).toBe('backend:lo');
-  });
-
-  it('the outside host reaches a NodePort (TCP and UDP) and an externalIP', async () => {
-    expect(await nsRequest(lab!.outside, 'tcp', LAB.nodeOutsideSide, S.tcpNodePort, 'np')).toBe('backend:np');
-    expect(await nsRequest(lab!.outside, 'udp', LAB.nodeOutsideSide, S.udpNodePort, 'np-udp')).toBe('backend:np-udp');
-    expect(await nsRequest(lab!.outside, 'tcp', S.externalIP, S.tcpPort, 'ext')).toBe('backend:ext');
-    expect(await nsRequest(lab!.outside, 'udp', S.externalIP, S.udpPort, 'ext-udp')).toBe('backend:ext-udp');
-  });
+  reachabilityTests(() => lab);
 
   it('makes exactly the service addresses local, writes no netfilter rule, and reports the mode', async () => {
     expect(await addresses()).toEqual([S.externalIP, S.echoIP, S.goneIP].sort());

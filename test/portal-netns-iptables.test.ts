@@ -19,6 +19,7 @@ import {
   nsHoldPort,
   nsRequest,
   nsTryBind,
+  reachabilityTests,
   reportSkip,
   startBackend,
   type Lab,
@@ -80,25 +81,7 @@ describe.skipIf(iptablesSkipReason !== undefined)(`--portal iptables in network 
     await rm(dir, { recursive: true, force: true });
   }, 60_000);
 
-  it('a pod reaches a ClusterIP over TCP and UDP, through the proxy to the backend', async () => {
-    expect(await waitFor(() => nsRequest(lab!.pod, 'tcp', S.echoIP, S.tcpPort, 'hello'), 'TCP from the pod')).toBe('backend:hello');
-    expect(await nsRequest(lab!.pod, 'udp', S.echoIP, S.udpPort, 'ping')).toBe('backend:ping');
-    // Only through the proxy: the node does not forward, so the backend itself is out of reach.
-    await expect(nsRequest(lab!.pod, 'tcp', LAB.backend, S.backendTcp, 'direct', 800)).rejects.toThrow();
-  });
-
-  it('the node itself reaches the ClusterIP (TCP and UDP) and its own node ports', async () => {
-    expect(await nsRequest(lab!.node, 'tcp', S.echoIP, S.tcpPort, 'node')).toBe('backend:node');
-    expect(await nsRequest(lab!.node, 'udp', S.echoIP, S.udpPort, 'node-udp')).toBe('backend:node-udp');
-    expect(await nsRequest(lab!.node, 'tcp', '127.0.0.1', S.tcpNodePort, 'lo')).toBe('backend:lo');
-  });
-
-  it('the outside host reaches a NodePort (TCP and UDP) and an externalIP', async () => {
-    expect(await nsRequest(lab!.outside, 'tcp', LAB.nodeOutsideSide, S.tcpNodePort, 'np')).toBe('backend:np');
-    expect(await nsRequest(lab!.outside, 'udp', LAB.nodeOutsideSide, S.udpNodePort, 'np-udp')).toBe('backend:np-udp');
-    expect(await nsRequest(lab!.outside, 'tcp', S.externalIP, S.tcpPort, 'ext')).toBe('backend:ext');
-    expect(await nsRequest(lab!.outside, 'udp', S.externalIP, S.udpPort, 'ext-udp')).toBe('backend:ext-udp');
-  });
+  reachabilityTests(() => lab);
 
   it('reports the portal mode and proxy ports in /services', async () => {
     const status = (await nsAdminGet(lab!.node, '/services')) as { portal: string; services: Array<{ name: string; proxyPort: number | null; errors: string[] }> };

@@ -1,4 +1,4 @@
-import { DIAL_LATENCY_BUCKETS, type DialFailureReason, type ServicePortStats } from './stats.js';
+import { ServicePortStats, type DialFailureReason } from './stats.js';
 
 /**
  * Turns the proxier's live ServicePortStats into series that only ever grow, read at scrape time.
@@ -22,24 +22,8 @@ export interface SeriesLabels {
 
 export const DIAL_FAILURE_REASONS: readonly DialFailureReason[] = ['refused', 'timeout', 'unreachable', 'other'];
 
-/** Totals of one series: the counters of ServicePortStats, summed. */
-export class Totals {
-  accepted = 0;
-  active = 0;
-  bytesToEndpoint = 0;
-  bytesToClient = 0;
-  dialAttempts = 0;
-  readonly dialFailures: Record<DialFailureReason, number> = { refused: 0, timeout: 0, unreachable: 0, other: 0 };
-  noEndpointRejects = 0;
-  dialExhausted = 0;
-  udpSessionsActive = 0;
-  udpSessionsCreated = 0;
-  udpSessionsReclaimed = 0;
-  udpDatagrams = 0;
-  readonly dialLatencyCounts = new Float64Array(DIAL_LATENCY_BUCKETS.length + 1);
-  dialLatencySum = 0;
-  dialLatencyCount = 0;
-
+/** Totals of one series: the counters of ServicePortStats, summed over the units it has had. */
+export class Totals extends ServicePortStats {
   reset(): this {
     this.accepted = this.active = this.bytesToEndpoint = this.bytesToClient = this.dialAttempts = 0;
     for (const r of DIAL_FAILURE_REASONS) this.dialFailures[r] = 0;

@@ -1,6 +1,8 @@
 import { execFile, execFileSync, spawn, type ChildProcess } from 'node:child_process';
 import type { CommandRunner } from '../../src/io/portal/command-runner.js';
 import { processRunner } from '../../src/io/portal/command-runner.js';
+import { expect, it } from 'vitest';
+import { waitFor } from './net.js';
 import { endpointSlice, list, service } from './objects.js';
 
 /**
@@ -352,4 +354,37 @@ export async function nsHoldPort(ns: string, host: string, port: number): Promis
       await exited;
     },
   };
+}
+
+/**
+ * What both portal modes must do for pods, the node and outside hosts: the same assertions,
+ * registered inside each mode's describe once its lab is up (`getLab` reads it lazily).
+ */
+export function reachabilityTests(getLab: () => Lab | undefined): void {
+  const S = SERVICES;
+  const lab = (): Lab => {
+    const l = getLab();
+    if (!l) throw new Error('the lab was not created');
+    return l;
+  };
+
+  it('a pod reaches a ClusterIP over TCP and UDP, through the proxy to the backend', async () => {
+    expect(await waitFor(() => nsRequest(lab().pod, 'tcp', S.echoIP, S.tcpPort, 'hello'), 'TCP from the pod')).toBe('backend:hello');
+    expect(await nsRequest(lab().pod, 'udp', S.echoIP, S.udpPort, 'ping')).toBe('backend:ping');
+    // Only through the proxy: the node does not forward, so the backend itself is out of reach.
+    await expect(nsRequest(lab().pod, 'tcp', LAB.backend, S.backendTcp, 'direct', 800)).rejects.toThrow();
+  });
+
+  it('the node itself reaches the ClusterIP (TCP and UDP) and its own node ports', async () => {
+    expect(await nsRequest(lab().node, 'tcp', S.echoIP, S.tcpPort, 'node')).toBe('backend:node');
+    expect(await nsRequest(lab().node, 'udp', S.echoIP, S.udpPort, 'node-udp')).toBe('backend:node-udp');
+    expect(await nsRequest(lab().node, 'tcp', '127.0.0.1', S.tcpNodePort, 'lo')).toBe('backend:lo');
+  });
+
+  it('the outside host reaches a NodePort (TCP and UDP) and an externalIP', async () => {
+    expect(await nsRequest(lab().outside, 'tcp', LAB.nodeOutsideSide, S.tcpNodePort, 'np')).toBe('backend:np');
+    expect(await nsRequest(lab().outside, 'udp', LAB.nodeOutsideSide, S.udpNodePort, 'np-udp')).toBe('backend:np-udp');
+    expect(await nsRequest(lab().outside, 'tcp', S.externalIP, S.tcpPort, 'ext')).toBe('backend:ext');
+    expect(await nsRequest(lab().outside, 'udp', S.externalIP, S.udpPort, 'ext-udp')).toBe('backend:ext-udp');
+  });
 }
