@@ -33,6 +33,10 @@ RUN apt-get update \
  && useradd --system --uid 65532 --gid 65532 --home-dir /nonexistent --no-create-home --shell /usr/sbin/nologin proxy
 WORKDIR /app
 ENV NODE_ENV=production
+# glibc: keep freed memory instead of returning it to the kernel at once. Node allocates a 64 KiB
+# buffer per socket read; without this, bulk transfers spend ~15% of their cycles on page faults
+# (bench/README.md: TCP bulk 7.0 -> 11.2 Gbit/s on one core).
+ENV MALLOC_TRIM_THRESHOLD_=268435456 MALLOC_TOP_PAD_=16777216
 COPY --from=build /src/package.json /src/package-lock.json ./
 COPY --from=build /src/node_modules ./node_modules
 COPY --from=build /src/dist/src ./dist/src

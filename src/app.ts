@@ -37,11 +37,11 @@ export interface RunningProxy {
 function socketFactory(config: ProxyConfig, logger: Logger): ProxySocketFactory {
   const dialer = new DirectDialer();
   return (unit, balancer, stats): ProxySocket => {
-    const log = logger.child({ component: 'proxysocket', service: unit.id });
+    // The sockets bind their own {component, service} child logger, and only when they first log.
     if (unit.protocol === 'UDP') {
-      return new UdpProxySocket({ name: unit.id, balancer, logger: log, stats, idleTimeoutMs: config.udpIdleTimeoutMs, maxSessions: config.maxUdpSessions });
+      return new UdpProxySocket({ name: unit.id, balancer, logger, stats, idleTimeoutMs: config.udpIdleTimeoutMs, maxSessions: config.maxUdpSessions });
     }
-    return new TcpProxySocket({ name: unit.id, balancer, dialer, logger: log, stats });
+    return new TcpProxySocket({ name: unit.id, balancer, dialer, logger, stats });
   };
 }
 

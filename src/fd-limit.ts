@@ -75,7 +75,7 @@ export function checkOpenFileLimit(need: DescriptorNeed, read?: (path: string) =
 /** The parts of the Proxier the check reads: its syncs and what listens. */
 export interface FdLimitProxier {
   readonly onSync: Array<(s: SyncSummary) => void>;
-  status(): Array<{ reachable: string[]; proxyPort: number | null }>;
+  listenerCount(): number;
 }
 
 /**
@@ -88,7 +88,7 @@ export function warnOnLowOpenFileLimit(proxier: FdLimitProxier, warn: (msg: stri
   proxier.onSync.push(() => {
     if (done) return;
     done = true;
-    const listeners = proxier.status().reduce((n, u) => n + u.reachable.length + (u.proxyPort === null ? 0 : 1), 0);
+    const listeners = proxier.listenerCount();
     const need = { listeners, expectedConnections };
     const msg = checkOpenFileLimit(need, read);
     if (msg !== undefined) warn(msg, need);

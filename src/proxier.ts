@@ -167,6 +167,13 @@ export class Proxier {
     return out.sort((a, b) => a.name.localeCompare(b.name));
   }
 
+  /** Sockets listening now (portal addresses and proxy ports): descriptors held for good. */
+  listenerCount(): number {
+    let n = 0;
+    for (const ru of this.units.values()) for (const l of ru.listeners) if (l.bound) n++;
+    return n;
+  }
+
   /** Stats of every running unit, for metrics. */
   unitStats(): Array<{ unit: ProxyUnit; stats: ServicePortStats; active: number }> {
     return [...this.units.values()].map((ru) => ({ unit: ru.unit, stats: ru.stats, active: ru.socket.active() }));

@@ -19,6 +19,34 @@ export interface TcpConn {
 }
 
 /**
+ * Copy `from` into `to` with backpressure, and pass `from`'s end (FIN) on as `to`'s end. This is
+ * what `from.pipe(to)` does for a socket pair, without its bookkeeping: pipe() registers about
+ * seven listeners per direction, and unpipe handling that a proxied connection never needs, as
+ * both sockets live and die together (an error on one resets the other; see TcpProxySocket).
+ * Here it is three listeners per direction, and per chunk one listener call and one write.
+ *
+ * Precondition: `from` is paused (pauseOnConnect) and nothing else reads it.
+ */
+export function relay(from: Socket, to: Socket): void {
+  from.on('data', (chunk: Buffer) => {
+    if (!to.write(chunk)) from.pause();
+  });
+  to.on('drain', () => from.resume());
+  from.on('end', () => passEnd(to));
+  from.resume();
+}
+
+/**
+ * Pass a FIN on. When `to`'s own peer has already ended and nothing waits to be written, both
+ * directions are done: closing the socket sends the FIN itself, which spares a shutdown() and the
+ * stream's finish round (the second FIN of every short connection). Otherwise end() half-closes.
+ */
+function passEnd(to: Socket): void {
+  if (to.readableEnded && to.writableLength === 0 && !to.destroyed) to.destroy();
+  else to.end();
+}
+
+/**
  * Close with RST (SO_LINGER 0) so the peer sees ECONNRESET, not a clean end. Falls back to a
  * plain destroy for sockets without a TCP handle (a dialer may hand back a tunnelled stream).
  */

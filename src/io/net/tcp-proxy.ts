@@ -1,4 +1,4 @@
-import { createServer, type AddressInfo, type Server, type Socket } from 'node:net';
+import { createServer, isIPv4, type AddressInfo, type Server, type Socket } from 'node:net';
 import type { LoadBalancer } from '../../core/balancer/load-balancer.js';
 import type { Endpoint } from '../../core/model.js';
 import { ServicePortStats } from '../../core/stats.js';
@@ -8,7 +8,7 @@ import { dialFailureReason, isOutOfDescriptors } from './errno.js';
 import { listenKey } from './listen-key.js';
 import type { BoundAddress, ListenAddress, ProxySocket } from './proxy-socket.js';
 import { RateLimiter } from './rate-limiter.js';
-import { resetSocket, type TcpConn } from './tcp-conn.js';
+import { relay, resetSocket, type TcpConn } from './tcp-conn.js';
 
 /** Upstream's endpointDialTimeout: one attempt per entry, each on a freshly picked endpoint. */
 export const DEFAULT_DIAL_TIMEOUTS_MS: readonly number[] = [250, 500, 1000, 2000];
@@ -33,7 +33,9 @@ export class TcpProxySocket implements ProxySocket {
   readonly stats: ServicePortStats;
   private readonly balancer: LoadBalancer;
   private readonly dialer: Dialer;
-  private readonly log: Logger;
+  private readonly parentLog: Logger;
+  private readonly name: string;
+  private childLog: Logger | undefined;
   private readonly dialTimeoutsMs: readonly number[];
   private readonly listeners = new Map<string, { server: Server; bound: BoundAddress }>();
   private readonly conns = new Set<TcpConn>();
@@ -44,8 +46,22 @@ export class TcpProxySocket implements ProxySocket {
     this.stats = opts.stats ?? new ServicePortStats();
     this.balancer = opts.balancer;
     this.dialer = opts.dialer;
-    this.log = opts.logger.child({ component: 'tcp-proxy', service: opts.name });
+    this.parentLog = opts.logger;
+    this.name = opts.name;
     this.dialTimeoutsMs = opts.dialTimeoutsMs ?? DEFAULT_DIAL_TIMEOUTS_MS;
+  }
+
+  /**
+   * The child logger is made on first use: pino's child() serializes its bindings up front, and
+   * with 10,000 service ports that was a tenth of start-up for loggers that mostly never log.
+   * The level is the parent's, so level checks ask the parent.
+   */
+  private get log(): Logger {
+    return (this.childLog ??= this.parentLog.child({ component: 'tcp-proxy', service: this.name }));
+  }
+
+  private debugEnabled(): boolean {
+    return this.parentLog.isLevelEnabled('debug');
   }
 
   listen(addr: ListenAddress): Promise<BoundAddress> {
@@ -58,8 +74,10 @@ export class TcpProxySocket implements ProxySocket {
       // ipv6Only: a listener on :: must not also take the IPv4 port, which another listener may hold.
       server.listen({ host: addr.host, port: addr.port, ipv6Only: addr.host.includes(':') }, () => {
         server.off('error', reject);
-        const info = server.address() as AddressInfo;
-        const bound = { host: info.address, port: info.port };
+        // A fixed port on an IPv4 literal is bound as asked; only port 0 (or an IPv6 spelling) needs
+        // the getsockname() round trip, which is a few percent of start-up at 10,000 service ports.
+        const info = addr.port !== 0 && isIPv4(addr.host) ? undefined : (server.address() as AddressInfo);
+        const bound = info ? { host: info.address, port: info.port } : { host: addr.host, port: addr.port };
         server.on('error', (err) => this.onListenerError(err, bound));
         this.listeners.set(listenKey(bound), { server, bound });
         resolve(bound);
@@ -124,7 +142,8 @@ export class TcpProxySocket implements ProxySocket {
     this.conns.add(conn);
     this.stats.active++;
     client.on('error', (err) => this.onSideError(conn, 'client', err));
-    client.once('close', () => this.release(conn));
+    // 'close' comes once; on() spares once()'s wrapper.
+    client.on('close', () => this.release(conn));
     this.route(conn);
   }
 
@@ -133,7 +152,7 @@ export class TcpProxySocket implements ProxySocket {
     const endpoint = this.balancer.nextEndpoint(conn.clientIP, false);
     if (endpoint === undefined) {
       this.stats.noEndpointRejects++;
-      if (this.log.isLevelEnabled('debug')) this.log.debug({ client: conn.clientIP }, 'no endpoints: resetting client');
+      if (this.debugEnabled()) this.log.debug({ client: conn.clientIP }, 'no endpoints: resetting client');
       resetSocket(conn.client);
       return;
     }
@@ -172,12 +191,18 @@ export class TcpProxySocket implements ProxySocket {
   private async dialOnce(conn: TcpConn, endpoint: Endpoint, timeoutMs: number): Promise<Socket> {
     this.stats.dialAttempts++;
     const started = performance.now();
+    const client = conn.client;
     const upstream = await this.dialer.dial({
       endpoint,
       clientAddress: conn.clientIP,
       clientPort: conn.clientPort,
-      localAddress: conn.client.localAddress ?? '',
-      localPort: conn.client.localPort ?? 0,
+      // Read on demand: each is a getsockname() call, and the direct dialer never asks.
+      get localAddress() {
+        return client.localAddress ?? '';
+      },
+      get localPort() {
+        return client.localPort ?? 0;
+      },
       timeoutMs,
     });
     this.stats.observeDialLatency((performance.now() - started) / 1000);
@@ -189,13 +214,13 @@ export class TcpProxySocket implements ProxySocket {
     // Every endpoint handed out is handed back, so a least-connections balancer keeps true counts.
     this.balancer.release(endpoint);
     if (isOutOfDescriptors(err)) this.warnOutOfDescriptors(err, 'dial');
-    else if (this.log.isLevelEnabled('debug')) this.log.debug({ err, client: conn.clientIP, endpoint: endpoint.addr }, 'dial failed');
+    else if (this.debugEnabled()) this.log.debug({ err, client: conn.clientIP, endpoint: endpoint.addr }, 'dial failed');
   }
 
   private giveUp(conn: TcpConn): void {
     // A client cut while we dialed (destroyAll) was not turned away for want of an endpoint.
     if (!conn.client.destroyed) this.stats.dialExhausted++;
-    if (this.log.isLevelEnabled('debug')) this.log.debug({ client: conn.clientIP }, 'no endpoint could be dialed: resetting client');
+    if (this.debugEnabled()) this.log.debug({ client: conn.clientIP }, 'no endpoint could be dialed: resetting client');
     resetSocket(conn.client);
     this.endDial(conn);
   }
@@ -206,21 +231,21 @@ export class TcpProxySocket implements ProxySocket {
     this.release(conn);
   }
 
-  /** Copy both ways. pipe() ends the other side when one side ends, which passes half-close on. */
+  /** Copy both ways; each side's end is passed on to the other, which passes half-close on. */
   private splice(conn: TcpConn, endpoint: Endpoint, upstream: Socket): void {
     conn.endpoint = endpoint;
     conn.upstream = upstream;
     conn.holds++; // the upstream socket, released on its 'close'
     upstream.on('error', (err) => this.onSideError(conn, 'endpoint', err));
-    upstream.once('close', () => this.release(conn));
+    upstream.on('close', () => this.release(conn));
     this.endDial(conn);
     if (conn.client.destroyed) {
       upstream.destroy(); // cut (destroyAll) or gone while we dialed
       return;
     }
-    if (this.log.isLevelEnabled('debug')) this.log.debug({ client: conn.clientIP, endpoint: endpoint.addr }, 'connected');
-    conn.client.pipe(upstream);
-    upstream.pipe(conn.client);
+    if (this.debugEnabled()) this.log.debug({ client: conn.clientIP, endpoint: endpoint.addr }, 'connected');
+    relay(conn.client, upstream);
+    relay(upstream, conn.client);
   }
 
   /**
@@ -228,7 +253,7 @@ export class TcpProxySocket implements ProxySocket {
    * peer cannot mistake a truncated stream for a complete one.
    */
   private onSideError(conn: TcpConn, side: 'client' | 'endpoint', err: Error): void {
-    if (this.log.isLevelEnabled('debug')) this.log.debug({ err, client: conn.clientIP, endpoint: conn.endpoint?.addr, side }, 'connection error');
+    if (this.debugEnabled()) this.log.debug({ err, client: conn.clientIP, endpoint: conn.endpoint?.addr, side }, 'connection error');
     const other = side === 'client' ? conn.upstream : conn.client;
     if (other) resetSocket(other);
   }
@@ -241,7 +266,7 @@ export class TcpProxySocket implements ProxySocket {
     this.stats.bytesToClient += conn.client.bytesWritten;
     if (conn.upstream) this.stats.bytesToEndpoint += conn.upstream.bytesWritten;
     if (conn.endpoint) this.balancer.release(conn.endpoint);
-    if (this.log.isLevelEnabled('debug')) {
+    if (this.debugEnabled()) {
       this.log.debug({ client: conn.clientIP, endpoint: conn.endpoint?.addr, toEndpoint: conn.upstream?.bytesWritten, toClient: conn.client.bytesWritten }, 'connection closed');
     }
     if (this.conns.size === 0) this.notifyDrained();

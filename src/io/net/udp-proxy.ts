@@ -1,5 +1,6 @@
 import { createSocket, type RemoteInfo } from 'node:dgram';
-import { isIPv6 } from 'node:net';
+import { lookup as dnsLookup } from 'node:dns';
+import { isIP, isIPv6 } from 'node:net';
 import type { LoadBalancer } from '../../core/balancer/load-balancer.js';
 import { ServicePortStats } from '../../core/stats.js';
 import { errnoCode } from '../../errors.js';
@@ -39,7 +40,9 @@ export class UdpProxySocket implements ProxySocket {
   readonly protocol = 'UDP' as const;
   readonly stats: ServicePortStats;
   private readonly balancer: LoadBalancer;
-  private readonly log: Logger;
+  private readonly parentLog: Logger;
+  private readonly name: string;
+  private childLog: Logger | undefined;
   private readonly idleTimeoutMs: number;
   private readonly maxSessions: number;
   private readonly listeners = new Map<string, UdpListener>();
@@ -51,13 +54,23 @@ export class UdpProxySocket implements ProxySocket {
   constructor(opts: UdpProxySocketOptions) {
     this.stats = opts.stats ?? new ServicePortStats();
     this.balancer = opts.balancer;
-    this.log = opts.logger.child({ component: 'udp-proxy', service: opts.name });
+    this.parentLog = opts.logger;
+    this.name = opts.name;
     this.idleTimeoutMs = opts.idleTimeoutMs ?? DEFAULT_UDP_IDLE_TIMEOUT_MS;
     this.maxSessions = Math.max(1, opts.maxSessions ?? DEFAULT_UDP_MAX_SESSIONS);
   }
 
+  /** Made on first use, as in TcpProxySocket: most service ports never log. */
+  private get log(): Logger {
+    return (this.childLog ??= this.parentLog.child({ component: 'udp-proxy', service: this.name }));
+  }
+
+  private debugEnabled(): boolean {
+    return this.parentLog.isLevelEnabled('debug');
+  }
+
   listen(addr: ListenAddress): Promise<BoundAddress> {
-    const socket = createSocket({ type: isIPv6(addr.host) ? 'udp6' : 'udp4', ipv6Only: isIPv6(addr.host) });
+    const socket = createSocket({ type: isIPv6(addr.host) ? 'udp6' : 'udp4', ipv6Only: isIPv6(addr.host), lookup: literalLookup });
     return new Promise((resolve, reject) => {
       const onBindError = (err: Error): void => {
         closeQuietly(socket);
@@ -129,7 +142,7 @@ export class UdpProxySocket implements ProxySocket {
     if (session === undefined) return; // dropped: no endpoints
     session.lastActivity = performance.now();
     this.stats.bytesToEndpoint += msg.length;
-    if (session.pending === undefined) session.socket.send(msg, session.onSent);
+    if (session.pending === undefined) session.socket.send(msg);
     else if (session.pending.length < MAX_PENDING_DATAGRAMS) session.pending.push(msg);
   }
 
@@ -138,7 +151,7 @@ export class UdpProxySocket implements ProxySocket {
     const endpoint = this.balancer.nextEndpoint(rinfo.address, reset);
     if (endpoint === undefined) {
       this.stats.noEndpointRejects++;
-      if (this.log.isLevelEnabled('debug')) this.log.debug({ client: rinfo.address }, 'no endpoints: datagram dropped');
+      if (this.debugEnabled()) this.log.debug({ client: rinfo.address }, 'no endpoints: datagram dropped');
       return undefined;
     }
     if (this.sessionCount >= this.maxSessions) this.reclaimOldest();
@@ -152,9 +165,6 @@ export class UdpProxySocket implements ProxySocket {
       socket,
       lastActivity: performance.now(),
       pending: [],
-      onSent: (err) => {
-        if (err) this.onSessionError(session, err);
-      },
       closed: false,
     };
     this.wireSession(session);
@@ -162,11 +172,15 @@ export class UdpProxySocket implements ProxySocket {
     this.sessionCount++;
     this.stats.udpSessionsActive++;
     this.stats.udpSessionsCreated++;
-    if (this.log.isLevelEnabled('debug')) this.log.debug({ client: key, endpoint: endpoint.addr, reset }, 'udp session opened');
+    if (this.debugEnabled()) this.log.debug({ client: key, endpoint: endpoint.addr, reset }, 'udp session opened');
     return session;
   }
 
-  /** Connected, so the kernel filters replies to this endpoint and reports its ICMP errors to us. */
+  /**
+   * Connected, so the kernel filters replies to this endpoint and reports its ICMP errors to us.
+   * Sends pass no callback: a failed send is then emitted as 'error' on the socket, which lands in
+   * onSessionError like an ICMP error does, and a datagram costs no callback on the next tick.
+   */
   private wireSession(session: UdpSession): void {
     const { socket, endpoint } = session;
     socket.on('message', (msg) => this.onEndpointDatagram(session, msg));
@@ -174,7 +188,7 @@ export class UdpProxySocket implements ProxySocket {
     socket.connect(endpoint.port, endpoint.ip, () => {
       const pending = session.pending ?? [];
       session.pending = undefined;
-      for (const msg of pending) socket.send(msg, session.onSent);
+      for (const msg of pending) socket.send(msg);
     });
   }
 
@@ -189,7 +203,7 @@ export class UdpProxySocket implements ProxySocket {
     if (session.closed) return;
     if (errnoCode(err) === 'ECONNREFUSED') {
       this.rememberRefused(session);
-      if (this.log.isLevelEnabled('debug')) this.log.debug({ client: session.key, endpoint: session.endpoint.addr }, 'endpoint refused: udp session ended');
+      if (this.debugEnabled()) this.log.debug({ client: session.key, endpoint: session.endpoint.addr }, 'endpoint refused: udp session ended');
     } else if (isOutOfDescriptors(err)) {
       const held = this.fdWarnings.take();
       if (held !== undefined) this.log.warn({ err, suppressed: held }, 'out of file descriptors: udp session dropped');
@@ -241,6 +255,19 @@ export class UdpProxySocket implements ProxySocket {
     this.drainWaiters = [];
     for (const resolve of waiters) resolve();
   }
+}
+
+/**
+ * dgram resolves the destination of every unconnected send() with dns.lookup, which for an IP
+ * literal still defers the send to the next tick (and costs a closure and an isIP test). Replies
+ * go to client addresses as the kernel reported them, always literals: those are handed back at
+ * once. Anything else (a bind to a name) goes to dns.lookup as before. dgram passes the family
+ * (4 or 6) as the second argument.
+ */
+function literalLookup(hostname: string, family: unknown, callback: (err: NodeJS.ErrnoException | null, address: string, family: number) => void): void {
+  const literal = isIP(hostname);
+  if (literal !== 0) callback(null, hostname, literal);
+  else dnsLookup(hostname, family as number, callback);
 }
 
 /** dgram's close() throws when the socket is already closed; here that is "already gone". */

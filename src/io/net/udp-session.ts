@@ -27,8 +27,6 @@ export interface UdpSession {
   lastActivity: number;
   /** Datagrams that came before the socket finished connecting; undefined once connected. */
   pending: Buffer[] | undefined;
-  /** One send callback per session, not one closure per datagram. */
-  readonly onSent: (err: Error | null) => void;
   closed: boolean;
 }
 

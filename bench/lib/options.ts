@@ -1,0 +1,164 @@
+import { parseArgs } from 'node:util';
+import { SYSTEM_IDS, type SystemId } from './plan.js';
+
+export const LOAD_WORKLOADS = ['tcp-bulk', 'http-keepalive', 'http-close', 'udp-pingpong', 'dns'] as const;
+export const SCALE_WORKLOADS = ['scale-start', 'endpoint-move', 'idle-conns'] as const;
+export type LoadWorkloadId = (typeof LOAD_WORKLOADS)[number];
+export type ScaleWorkloadId = (typeof SCALE_WORKLOADS)[number];
+export type WorkloadId = LoadWorkloadId | ScaleWorkloadId;
+const ALL: readonly WorkloadId[] = [...LOAD_WORKLOADS, ...SCALE_WORKLOADS];
+
+export interface Options {
+  runs: number;
+  /** Seconds per measured run of a load workload (whole seconds: iperf3 and wrk count in seconds). */
+  durationS: number;
+  /** Seconds of unrecorded warm-up per system and workload before the first run (0: none). */
+  warmupS: number;
+  workloads: WorkloadId[];
+  systems: SystemId[];
+  /** Service-port counts for the start-up run. */
+  scalePorts: number[];
+  /** Service ports loaded during the endpoint move. */
+  movePorts: number;
+  idleConns: number;
+  outDir: string;
+  pin: boolean;
+  /** Cores for the proxies and for the rest, in taskset's list syntax (`0`, `0,1`, `2-3`). */
+  proxyCpus: string;
+  loadCpus: string;
+  /** Processes (the proxy, under cluster-launcher), workers (nginx) or threads (HAProxy) per proxy. */
+  workers: number;
+  keepTemp: boolean;
+  /** Run the proxy under --cpu-prof and write a flame graph and a summary per run. */
+  profile: boolean;
+  /** Flags for the proxy CLI after the harness's own (--proxy-arg=--workers=2). */
+  proxyArgs: string[];
+  /** Flags for node before the proxy's script (--node-arg=--max-semi-space-size=16). */
+  nodeArgs: string[];
+  /** Environment for the proxy process, NAME=VALUE (--proxy-env=MALLOC_TRIM_THRESHOLD_=268435456). */
+  proxyEnv: string[];
+  /** The proxy CLI to run instead of this build's dist/src/main.js (to compare builds). */
+  proxyMain: string | undefined;
+  /** A label stored with the results (what was changed, the conditions). */
+  label: string;
+  /** Measure nothing: print the table of this results JSON and rewrite its chart beside it. */
+  render: string | undefined;
+  help: boolean;
+}
+
+export const USAGE = `usage: node dist/bench/run.js [options]   (npm run bench)
+
+  --runs N              measured runs per figure; the figure is their median (default 5)
+  --duration S          seconds per run of a load workload (default 5)
+  --warmup S            unrecorded warm-up per system and workload (default 1; 0 for none)
+  --only LIST           workloads: ${ALL.join(',')}
+  --systems LIST        systems: ${SYSTEM_IDS.join(',')} (default all)
+  --scale LIST          service ports for the start-up run (default 1000,10000)
+  --move-ports N        service ports loaded during the endpoint move (default 10000)
+  --idle-conns N        idle proxied connections held open (default 9000)
+  --out DIR             where the JSON and SVG go (default bench/results)
+  --proxy-cpu LIST      core(s) for the proxies, taskset syntax (default 0)
+  --load-cpu LIST       core(s) for backends, load generators and the harness (default 1)
+  --workers N           N proxy worker processes sharing the listening sockets (node:cluster),
+                        nginx with N workers, HAProxy with N threads (default 1; scale runs use 1)
+  --no-pin              do not pin anything with taskset
+  --profile             run the proxy under --cpu-prof; write flame graphs beside the results
+  --proxy-arg=FLAG      pass FLAG to the proxy CLI (repeatable), e.g. --proxy-arg=--log-level=warn
+  --node-arg=FLAG       pass FLAG to node before the proxy's script (repeatable)
+  --proxy-env=NAME=VAL  set an environment variable for the proxy process (repeatable)
+  --proxy-main FILE     run this build of the proxy CLI instead (compare before/after a change)
+  --label TEXT          stored with the results
+  --render FILE.json    measure nothing: print the table of saved results, rewrite their .svg and .txt
+  --keep-temp           keep the temp directory (configs, logs, state files)
+`;
+
+function int(name: string, v: string | undefined, dflt: number, min: number): number {
+  if (v === undefined) return dflt;
+  const n = Number(v);
+  if (!Number.isInteger(n) || n < min) throw new Error(`--${name}: "${v}" is not a whole number >= ${min}`);
+  return n;
+}
+
+function cpuList(name: string, v: string): string {
+  if (!/^\d+(-\d+)?(,\d+(-\d+)?)*$/.test(v)) throw new Error(`--${name}: "${v}" is not a CPU list (0, 0,1, 2-3)`);
+  return v;
+}
+
+/** The cores of a taskset list. */
+export function cpusOf(list: string): number[] {
+  const out: number[] = [];
+  for (const part of list.split(',')) {
+    const [a, b] = part.split('-').map(Number) as [number, number | undefined];
+    for (let c = a; c <= (b ?? a); c++) out.push(c);
+  }
+  return out;
+}
+
+function list<T extends string>(name: string, v: string | undefined, allowed: readonly T[], dflt: readonly T[]): T[] {
+  if (v === undefined) return [...dflt];
+  const items = v.split(',').map((s) => s.trim()).filter(Boolean);
+  for (const i of items) if (!(allowed as readonly string[]).includes(i)) throw new Error(`--${name}: "${i}" is not one of ${allowed.join(', ')}`);
+  return items as T[];
+}
+
+/** Harness flags -> options. Throws Error with a one-line message on a bad flag. */
+export function parseOptions(argv: readonly string[], defaultOutDir: string): Options {
+  const { values } = parseArgs({
+    args: [...argv],
+    options: {
+      runs: { type: 'string' },
+      duration: { type: 'string' },
+      warmup: { type: 'string' },
+      only: { type: 'string' },
+      systems: { type: 'string' },
+      scale: { type: 'string' },
+      'move-ports': { type: 'string' },
+      'idle-conns': { type: 'string' },
+      out: { type: 'string' },
+      'proxy-cpu': { type: 'string' },
+      'load-cpu': { type: 'string' },
+      workers: { type: 'string' },
+      'no-pin': { type: 'boolean' },
+      profile: { type: 'boolean' },
+      'proxy-arg': { type: 'string', multiple: true },
+      'node-arg': { type: 'string', multiple: true },
+      'proxy-env': { type: 'string', multiple: true },
+      'proxy-main': { type: 'string' },
+      label: { type: 'string' },
+      render: { type: 'string' },
+      'keep-temp': { type: 'boolean' },
+      help: { type: 'boolean', short: 'h' },
+    },
+    strict: true,
+  });
+  const scalePorts = (values.scale ?? '1000,10000').split(',').map((s) => int('scale', s.trim(), 0, 1));
+  const o: Options = {
+    runs: int('runs', values.runs, 5, 1),
+    durationS: int('duration', values.duration, 5, 1),
+    warmupS: int('warmup', values.warmup, 1, 0),
+    workloads: list('only', values.only, ALL, ALL),
+    systems: list('systems', values.systems, SYSTEM_IDS, SYSTEM_IDS),
+    scalePorts,
+    movePorts: int('move-ports', values['move-ports'], 10_000, 1),
+    idleConns: int('idle-conns', values['idle-conns'], 9000, 1),
+    outDir: values.out ?? defaultOutDir,
+    pin: !values['no-pin'],
+    proxyCpus: cpuList('proxy-cpu', values['proxy-cpu'] ?? '0'),
+    loadCpus: cpuList('load-cpu', values['load-cpu'] ?? '1'),
+    workers: int('workers', values.workers, 1, 1),
+    keepTemp: values['keep-temp'] ?? false,
+    profile: values.profile ?? false,
+    proxyArgs: values['proxy-arg'] ?? [],
+    nodeArgs: values['node-arg'] ?? [],
+    proxyEnv: values['proxy-env'] ?? [],
+    proxyMain: values['proxy-main'],
+    label: values.label ?? '',
+    render: values.render,
+    help: values.help ?? false,
+  };
+  if (Math.max(...o.scalePorts, o.movePorts) > 254 * 254) throw new Error(`--scale/--move-ports: at most ${254 * 254} service ports`);
+  for (const e of o.proxyEnv) if (!/^[A-Za-z_][A-Za-z0-9_]*=/.test(e)) throw new Error(`--proxy-env: "${e}" is not NAME=VALUE`);
+  const shared = cpusOf(o.proxyCpus).filter((c) => cpusOf(o.loadCpus).includes(c));
+  if (o.pin && o.workers === 1 && shared.length > 0) throw new Error('--proxy-cpu and --load-cpu must not share a core (or give --no-pin, or --workers N to measure the whole machine)');
+  return o;
+}

@@ -1,0 +1,81 @@
+import { findFigure } from './figures.js';
+import { SYSTEM_IDS, systemLabel } from './plan.js';
+import type { BenchResults, MetricDef, TargetResult } from './results.js';
+import type { Summary } from './stats.js';
+
+/** The terminal table (pure: results in, text out). */
+
+export function fmtNum(v: number): string {
+  if (!Number.isFinite(v)) return '-';
+  const a = Math.abs(v);
+  if (a >= 1000) return Math.round(v).toLocaleString('en-US');
+  if (a >= 100) return v.toFixed(0);
+  if (a >= 10) return v.toFixed(1);
+  if (a >= 1) return v.toFixed(2);
+  if (a === 0) return '0';
+  return v.toPrecision(2);
+}
+
+/** median ±half the min–max range, in percent of the median. */
+function cell(s: Summary | undefined): string {
+  if (!s) return '';
+  if (s.n < 2 || s.median === 0) return fmtNum(s.median);
+  return `${fmtNum(s.median)} ±${(s.spreadPct / 2).toFixed(s.spreadPct < 2 ? 1 : 0)}%`;
+}
+
+function header(m: MetricDef): string {
+  const arrow = m.better === 'higher' ? ' ↑' : m.better === 'lower' ? ' ↓' : '';
+  return `${m.label}${m.unit ? ` ${m.unit}` : ''}${arrow}`;
+}
+
+function pad(s: string, n: number): string {
+  return s.length >= n ? `${s} ` : s + ' '.repeat(n - s.length);
+}
+
+function table(rows: string[][]): string[] {
+  const widths: number[] = [];
+  for (const r of rows) r.forEach((c, i) => (widths[i] = Math.max(widths[i] ?? 0, c.length + 2)));
+  return rows.map((r) => `  ${r.map((c, i) => pad(c, widths[i] as number)).join('').trimEnd()}`);
+}
+
+function mark(t: TargetResult): string {
+  return t.pass === undefined ? '·' : t.pass ? '✓' : '✗';
+}
+
+export function targetLine(t: TargetResult): string {
+  if (t.actual === undefined) return `  ${mark(t)} ${t.text}: ${t.note}`;
+  const actual = t.unit === '×' ? `${t.actual.toFixed(2)}×` : `${fmtNum(t.actual)} ${t.unit}`;
+  const threshold = t.unit === '×' ? `${t.threshold}×` : `${fmtNum(t.threshold)} ${t.unit}`;
+  return `  ${mark(t)} ${t.text}: ${actual} (needs ${t.comparator} ${threshold}; ${t.note})`;
+}
+
+export function renderTable(r: BenchResults): string {
+  const out: string[] = [];
+  const { runs, workers } = (r.meta.options as { runs?: number; workers?: number } | undefined) ?? {};
+  out.push('', `Each figure: the median of ${runs ?? 'the'} runs, ± half the range between the slowest and the fastest run.`);
+  out.push('↑ higher is better, ↓ lower is better. Ratios are proxy ÷ other, medians of the same run.');
+  for (const w of r.workloads) {
+    const systems = SYSTEM_IDS.filter((s) => r.figures.some((f) => f.workload === w.id && f.system === s));
+    if (systems.length === 0) continue;
+    const metrics = w.metrics.filter((m) => r.figures.some((f) => f.workload === w.id && f.metric === m.key));
+    const rows: string[][] = [['', ...metrics.map(header)]];
+    for (const s of systems) rows.push([systemLabel(s, workers), ...metrics.map((m) => cell(findFigure(r.figures, w.id, s, m.key)))]);
+    for (const other of ['nginx', 'haproxy'] as const) {
+      if (!systems.includes('proxy') || !systems.includes(other)) continue;
+      rows.push([`proxy ÷ ${other === 'nginx' ? 'nginx stream' : 'HAProxy'}`, ...metrics.map((m) => {
+        const ratio = r.ratios.find((x) => x.workload === w.id && x.metric === m.key && x.against === other);
+        return ratio ? `${ratio.ratio.toFixed(2)}×` : '';
+      })]);
+    }
+    out.push('', w.title, ...table(rows));
+    const failed = r.runs.filter((x) => x.workload === w.id && x.error);
+    for (const f of failed) out.push(`  ! run ${f.run} via ${f.system}: ${f.error}`);
+  }
+  if (r.skipped.length > 0) {
+    out.push('', 'Skipped:');
+    for (const s of r.skipped) out.push(`  - ${s.what}: ${s.why}`);
+  }
+  out.push('', 'Targets:');
+  for (const t of r.targets) out.push(targetLine(t));
+  return `${out.join('\n')}\n`;
+}

@@ -1,0 +1,228 @@
+import { spawn } from 'node:child_process';
+import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { afterAll, describe, expect, it } from 'vitest';
+import { renderChart } from '../bench/lib/chart.js';
+import { figuresOf, ratiosOf } from '../bench/lib/figures.js';
+import { parseDnsperf, parseIperf3, parseProcNet, parseProcStat, parseSockperf, parseVmRss, parseWrk } from '../bench/lib/parse.js';
+import { renderTable } from '../bench/lib/report.js';
+import type { BenchResults, RunRecord, WorkloadInfo } from '../bench/lib/results.js';
+import { scaleClusterIP, scaleState } from '../bench/lib/state-file.js';
+import { median, summarize } from '../bench/lib/stats.js';
+import { judgeTargets } from '../bench/lib/targets.js';
+import { findTools, missingLine, type ToolName } from '../bench/lib/tools.js';
+
+/**
+ * The benchmark harness: its parsers and its arithmetic on captured tool output, and a brief run
+ * of the real thing (tiny durations and sizes) that must produce well-formed results. No test
+ * here asserts a timing.
+ */
+
+const RUN = fileURLToPath(new URL('../dist/bench/run.js', import.meta.url));
+
+describe('bench parsers', () => {
+  it('reads iperf3 -J', () => {
+    const json = JSON.stringify({ start: {}, end: { sum_sent: { retransmits: 3, bits_per_second: 27152373201.1 }, sum_received: { bits_per_second: 27105388891.4 } } });
+    expect(parseIperf3(json)).toEqual({ gbps: 27.1053888914, retransmits: 3 });
+    expect(() => parseIperf3(JSON.stringify({ error: 'the server is busy running a test. try again later' }))).toThrow(/busy/);
+    expect(() => parseIperf3('iperf3: error')).toThrow(/cannot find a JSON report/);
+  });
+
+  it("reads the bench wrk script's JSON line", () => {
+    const out = 'Running 1s test @ http://127.0.50.1:18080/\n  1 threads and 64 connections\nWRK_JSON {"requests":42410,"durationUs":1000123,"errors":0,"p50Us":1110,"p90Us":1530,"p99Us":3980,"maxUs":6530,"meanUs":1180.4}\n';
+    expect(parseWrk(out)).toMatchObject({ requests: 42410, p99Us: 3980, errors: 0 });
+    expect(() => parseWrk('Requests/sec: 42410')).toThrow(/WRK_JSON/);
+  });
+
+  it('reads sockperf ping-pong, colour codes and all', () => {
+    const out = [
+      'sockperf: [Total Run] RunTime=2.000 sec; Warm up time=400 msec; SentMessages=125771; ReceivedMessages=125770',
+      'sockperf: \u001b[2;35m====> avg-rtt=16.422 (std-dev=18.276)\u001b[0m',
+      'sockperf: # dropped messages = 0; # duplicated messages = 0; # out-of-order messages = 0',
+      'sockperf: \u001b[2;35mTotal 94159 observations\u001b[0m; each percentile contains 941.59 observations',
+      'sockperf: ---> <MAX> observation = 4893.029',
+      'sockperf: ---> percentile 99.999 = 2161.606',
+      'sockperf: ---> percentile 99.900 =   56.205',
+      'sockperf: ---> percentile 99.000 =   38.371',
+      'sockperf: ---> percentile 50.000 =   16.300',
+    ].join('\n');
+    expect(parseSockperf(out)).toEqual({ avgUs: 16.422, p50Us: 16.3, p99Us: 38.371, p999Us: 56.205, maxUs: 4893.029, observations: 94159, dropped: 0 });
+    expect(() => parseSockperf('sockperf: test ended')).toThrow(/avg-rtt/);
+  });
+
+  it('reads dnsperf statistics', () => {
+    const out = `Statistics:
+
+  Queries sent:         163859
+  Queries completed:    163800 (99.96%)
+  Queries lost:         59 (0.04%)
+
+  Response codes:       NOERROR 163800 (100.00%)
+  Run time (s):         3.000368
+  Queries per second:   54612.967476
+
+  Average Latency (s):  0.001504 (min 0.000024, max 0.007589)
+`;
+    expect(parseDnsperf(out)).toEqual({ sent: 163859, completed: 163800, lost: 59, qps: 54612.967476, avgLatencyMs: 1.504 });
+  });
+
+  it('reads /proc/net/tcp, /proc/<pid>/stat and VmRSS', () => {
+    const tcp = [
+      '  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode',
+      '   0: 0132007F:3BF9 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1430197 1 0 100 0 0 10 5',
+      '   1: 00000000:07E8 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1205 1 0 100 0 0 10 0',
+    ].join('\n');
+    expect(parseProcNet(tcp)).toEqual([
+      { host: '127.0.50.1', port: 15353, state: '0A' },
+      { host: '0.0.0.0', port: 2024, state: '0A' },
+    ]);
+    const stat = '3074 (a (weird) name) R 3071 3071 10515 0 -1 4194304 98 0 0 0 17 4 0 0 20 0 1 0 269095 3133440 380';
+    expect(parseProcStat(stat)).toEqual({ ppid: 3071, ticks: 21 });
+    expect(parseVmRss('Name:\tnode\nVmRSS:\t    2108 kB\n')).toBe(2108 * 1024);
+  });
+});
+
+describe('bench arithmetic', () => {
+  it('summarizes runs as a median with the spread', () => {
+    expect(median([3, 1, 2])).toBe(2);
+    expect(median([4, 1, 3, 2])).toBe(2.5);
+    expect(summarize([10, 12, 8])).toEqual({ n: 3, median: 10, min: 8, max: 12, spreadPct: 40 });
+  });
+
+  const workloads: WorkloadInfo[] = [
+    { id: 'http-keepalive', title: 'keep-alive', metrics: [{ key: 'rps', label: 'requests/s', unit: 'req/s', better: 'higher' }, { key: 'p99Ms', label: 'p99', unit: 'ms', better: 'lower' }] },
+    { id: 'scale-start@10000', title: 'start-up', metrics: [{ key: 'listenMs', label: 'listening', unit: 'ms', better: 'lower' }] },
+  ];
+  const runs: RunRecord[] = [
+    ...[900, 1000, 950].map((rps, i): RunRecord => ({ workload: 'http-keepalive', system: 'proxy', run: i + 1, metrics: { rps, p99Ms: 3 } })),
+    ...[1000, 1000, 1000].map((rps, i): RunRecord => ({ workload: 'http-keepalive', system: 'nginx', run: i + 1, metrics: { rps, p99Ms: 2 } })),
+    { workload: 'scale-start@10000', system: 'proxy', run: 1, metrics: { listenMs: 1500 } },
+    { workload: 'scale-start@10000', system: 'proxy', run: 2, metrics: {}, error: 'timed out' },
+  ];
+  const figures = figuresOf(runs, workloads);
+
+  it('turns runs into figures and ratios oriented so that above 1 is better', () => {
+    expect(figures.find((f) => f.system === 'proxy' && f.metric === 'rps')?.summary.median).toBe(950);
+    expect(figures.find((f) => f.workload === 'scale-start@10000')?.values).toEqual([1500]);
+    const ratios = ratiosOf(figures);
+    expect(ratios.find((r) => r.metric === 'rps')).toMatchObject({ against: 'nginx', ratio: 0.95, standing: 0.95 });
+    expect(ratios.find((r) => r.metric === 'p99Ms')).toMatchObject({ ratio: 1.5, standing: 2 / 3 });
+    expect(ratios.some((r) => r.against === 'haproxy')).toBe(false);
+  });
+
+  it('judges the targets, and says which could not be judged', () => {
+    const targets = judgeTargets(figures);
+    expect(targets.find((t) => t.id === 'keepalive-rps')).toMatchObject({ pass: true, actual: 0.95 });
+    expect(targets.find((t) => t.id === 'keepalive-p99')).toMatchObject({ pass: true, actual: 1.5 });
+    expect(targets.find((t) => t.id === 'start-10k')).toMatchObject({ pass: true, actual: 1500 });
+    expect(targets.find((t) => t.id === 'tcp-bulk')).toMatchObject({ pass: undefined, actual: undefined });
+  });
+
+  it('renders a table and a chart from the same results', () => {
+    const results: BenchResults = { schema: 'kube-userspace-proxy-bench/1', meta: { date: 'now', options: { runs: 3 } }, skipped: [{ what: 'HAProxy', why: 'not found' }], workloads, runs, figures, ratios: ratiosOf(figures), targets: judgeTargets(figures) };
+    const table = renderTable(results);
+    expect(table).toContain('kube-userspace-proxy');
+    expect(table).toContain('proxy ÷ nginx stream');
+    expect(table).toMatch(/✓ keep-alive requests\/s/);
+    expect(table).toContain('- HAProxy: not found');
+    const svg = renderChart(results);
+    expect(svg.startsWith('<svg')).toBe(true);
+    expect(svg.trimEnd().endsWith('</svg>')).toBe(true);
+    expect(svg).toContain('keep-alive HTTP: requests/s');
+    expect(svg).not.toMatch(/NaN|Infinity|undefined/);
+  });
+
+  it('writes state files as a v1 List, one Service and one slice per service port', () => {
+    const list = JSON.parse(scaleState({ ports: 300, endpoint: { ip: '127.0.50.1', port: 18080 }, probeEndpoint: { ip: '127.0.50.2', port: 18081 }, probeVersion: 7 })) as { kind: string; items: Array<{ kind: string; metadata: { resourceVersion: string } }> };
+    expect(list.kind).toBe('List');
+    expect(list.items).toHaveLength(600);
+    expect(list.items[1]?.metadata.resourceVersion).toBe('7');
+    expect(new Set(Array.from({ length: 300 }, (_, i) => scaleClusterIP(i))).size).toBe(300);
+    expect(scaleClusterIP(253)).toBe('10.78.1.254');
+    expect(scaleClusterIP(254)).toBe('10.78.2.1');
+  });
+});
+
+/** Run the built harness; resolves with its exit code and output. Bounded. */
+function runHarness(args: string[], timeoutMs: number): Promise<{ code: number | null; out: string }> {
+  return new Promise((resolve) => {
+    const child = spawn(process.execPath, [RUN, ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
+    let out = '';
+    child.stdout.on('data', (d: Buffer) => (out += d.toString()));
+    child.stderr.on('data', (d: Buffer) => (out += d.toString()));
+    const timer = setTimeout(() => child.kill('SIGINT'), timeoutMs);
+    child.on('exit', (code) => {
+      clearTimeout(timer);
+      resolve({ code, out });
+    });
+  });
+}
+
+function readResults(dir: string): BenchResults {
+  const file = readdirSync(dir).find((f) => /^bench-.*\.json$/.test(f));
+  if (!file) throw new Error(`no results JSON in ${dir}`);
+  expect(existsSync(join(dir, file.replace(/\.json$/, '.svg')))).toBe(true);
+  return JSON.parse(readFileSync(join(dir, file), 'utf8')) as BenchResults;
+}
+
+function expectWellFormed(r: BenchResults): void {
+  expect(r.schema).toBe('kube-userspace-proxy-bench/1');
+  expect(r.meta).toMatchObject({ node: process.version });
+  expect(r.targets).toHaveLength(11);
+  for (const run of r.runs) {
+    expect(typeof run.workload).toBe('string');
+    for (const v of Object.values(run.metrics)) expect(typeof v === 'number' && !Number.isNaN(v)).toBe(true);
+  }
+  for (const f of r.figures) {
+    expect(f.values.length).toBeGreaterThan(0);
+    expect(f.summary.median).toBeGreaterThanOrEqual(f.summary.min);
+    expect(f.summary.max).toBeGreaterThanOrEqual(f.summary.median);
+  }
+}
+
+const TOOLS: readonly ToolName[] = ['nginx', 'nginx-stream', 'haproxy', 'wrk', 'iperf3', 'sockperf', 'dnsperf', 'dnsmasq'];
+const tools = await findTools();
+const missing = missingLine(tools, TOOLS);
+const dirs: string[] = [];
+afterAll(() => {
+  for (const d of dirs) rmSync(d, { recursive: true, force: true });
+});
+
+function outDir(): string {
+  const d = mkdtempSync(join(tmpdir(), 'bench-test-'));
+  dirs.push(d);
+  return d;
+}
+
+describe('bench harness, a brief run', () => {
+  it('measures start-up of a few service ports with nothing but node', async () => {
+    const out = outDir();
+    const { code, out: log } = await runHarness(['--runs', '1', '--only', 'scale-start', '--scale', '30', '--out', out], 60_000);
+    expect(code, log).toBe(0);
+    const r = readResults(out);
+    expectWellFormed(r);
+    const listen = r.figures.find((f) => f.workload === 'scale-start@30' && f.metric === 'listenMs');
+    expect(listen?.values, log).toHaveLength(1);
+  }, 90_000);
+
+  it.skipIf(missing !== undefined)(`runs every workload on every system briefly${missing ? ` (skipped: ${missing})` : ''}`, async () => {
+    const out = outDir();
+    const args = ['--runs', '1', '--duration', '1', '--warmup', '0', '--scale', '20', '--move-ports', '20', '--idle-conns', '40', '--out', out];
+    const { code, out: log } = await runHarness(args, 170_000);
+    expect(code, log).toBe(0);
+    const r = readResults(out);
+    expectWellFormed(r);
+    const failed = r.runs.filter((x) => x.error);
+    expect(failed, log).toEqual([]);
+    for (const w of ['tcp-bulk', 'http-keepalive', 'http-close', 'udp-pingpong', 'dns']) {
+      const systems = new Set(r.runs.filter((x) => x.workload === w).map((x) => x.system));
+      expect([...systems].sort(), w).toEqual(w === 'udp-pingpong' || w === 'dns' ? ['direct', 'nginx', 'proxy'] : ['direct', 'haproxy', 'nginx', 'proxy']);
+    }
+    expect(r.ratios.length).toBeGreaterThan(0);
+    expect(r.runs.some((x) => x.workload === 'endpoint-move@20' && x.metrics.moveMs !== undefined)).toBe(true);
+    expect(r.runs.filter((x) => x.workload === 'idle-conns@40').map((x) => x.metrics.opened)).toEqual([40, 40, 40]);
+    expect(log).toContain('Targets:');
+  }, 180_000);
+});
