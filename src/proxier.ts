@@ -109,6 +109,8 @@ export class Proxier {
   /** Services with a healthCheckNodePort, and how many ready endpoints this node has for them. */
   private readonly health = new Map<string, ServiceHealth>();
   private synced = false;
+  /** True until the portal has been programmed once, and again after it failed. */
+  private portalNeedsSync = true;
   private sweepTimer: NodeJS.Timeout | undefined;
   private lastSweepAffinity = 0;
   lastSync: SyncSummary | undefined;
@@ -249,11 +251,20 @@ export class Proxier {
       for (const e of prepareErrors) this.log.error({ portal: this.opts.portal.mode }, e);
     }
     for (const { key, desired } of dirty) await this.syncService(key, desired, summary);
-    summary.listenErrors += await this.retryListeners();
-    const views: RunningUnitView[] = [...this.units.values()].map((ru) => (ru.proxyPort === undefined ? { unit: ru.unit } : { unit: ru.unit, proxyPort: ru.proxyPort }));
-    const portal = await this.opts.portal.sync(views, periodic);
-    for (const e of portal.errors) this.log.error({ portal: this.opts.portal.mode }, e);
-    summary.portalErrors = prepareErrors.length + portal.errors.length;
+    const retried = await this.retryListeners();
+    summary.listenErrors += retried.failed;
+    // Rules and addresses depend on units' portals and proxy ports, not on their endpoints: an
+    // endpoint change (the common event) leaves the portal alone. The first sync, the periodic one,
+    // and any after a portal failure always program it.
+    const portalChanged = summary.opened + summary.closed + summary.recreated + retried.bound > 0;
+    let portalErrors: string[] = [];
+    if (portalChanged || periodic || this.portalNeedsSync) {
+      const views: RunningUnitView[] = [...this.units.values()].map((ru) => (ru.proxyPort === undefined ? { unit: ru.unit } : { unit: ru.unit, proxyPort: ru.proxyPort }));
+      portalErrors = (await this.opts.portal.sync(views, periodic)).errors;
+      for (const e of portalErrors) this.log.error({ portal: this.opts.portal.mode }, e);
+      this.portalNeedsSync = portalErrors.length > 0;
+    }
+    summary.portalErrors = prepareErrors.length + portalErrors.length;
     summary.services = this.unitsByService.size;
     summary.units = this.units.size;
     summary.durationMs = Math.round((this.opts.clock.now() - started) * 100) / 100;
@@ -385,16 +396,19 @@ export class Proxier {
     }
   }
 
-  private async retryListeners(): Promise<number> {
+  /** Binds again what failed before: how many still fail, and how many are bound now. */
+  private async retryListeners(): Promise<{ failed: number; bound: number }> {
     let failed = 0;
+    let bound = 0;
     for (const ru of this.units.values()) {
       for (const l of ru.listeners) {
         if (!l.error) continue;
         await this.bindListener(ru, l);
         if (l.error) failed++;
+        else bound++;
       }
     }
-    return failed;
+    return { failed, bound };
   }
 
   private startSweep(): void {

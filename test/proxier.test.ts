@@ -1,0 +1,119 @@
+import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
+import { describe, expect, it } from 'vitest';
+import { roundRobinFactory } from '../src/core/balancer/round-robin.js';
+import { PortAllocator } from '../src/core/port-allocator.js';
+import type { ProxyUnit } from '../src/core/units.js';
+import type { BoundAddress, ListenAddress, ProxySocket } from '../src/io/net/proxy-socket.js';
+import type { ListenSpec, Portal, PortalSyncResult, RunningUnitView } from '../src/io/portal/portal.js';
+import { silentLogger } from '../src/log.js';
+import { Proxier } from '../src/proxier.js';
+import { ServicePortStats } from '../src/core/stats.js';
+import { endpointSlice, service } from './helpers/objects.js';
+
+/** A portal that records what it was asked to program, and fails when told to. */
+class RecordingPortal implements Portal {
+  readonly mode = 'iptables' as const;
+  syncs: Array<{ units: string[]; periodic: boolean }> = [];
+  fail = false;
+  async start(): Promise<void> {}
+  async cleanup(): Promise<void> {}
+  listenSpecs(unit: ProxyUnit): ListenSpec[] {
+    return [{ host: '0.0.0.0', port: 0, proxyPort: true, portals: unit.portals }];
+  }
+  async sync(units: readonly RunningUnitView[], periodic: boolean): Promise<PortalSyncResult> {
+    this.syncs.push({ units: units.map((u) => `${u.unit.id}@${u.proxyPort}`), periodic });
+    return { errors: this.fail ? ['iptables-restore failed'] : [] };
+  }
+}
+
+/** Sockets that bind nothing: this test is about what the proxier asks of the portal. */
+function fakeSocket(): ProxySocket {
+  let next = 40000;
+  const bound: BoundAddress[] = [];
+  return {
+    protocol: 'TCP',
+    stats: new ServicePortStats(),
+    async listen(addr: ListenAddress) {
+      const b = { host: addr.host, port: addr.port || next++ };
+      bound.push(b);
+      return b;
+    },
+    addresses: () => bound,
+    async unlisten() {},
+    async close() {},
+    active: () => 0,
+    drained: async () => {},
+    destroyAll() {},
+    sweep() {},
+  };
+}
+
+function setup(): { proxier: Proxier; portal: RecordingPortal } {
+  const portal = new RecordingPortal();
+  const proxier = new Proxier({
+    portal,
+    logger: silentLogger(),
+    balancerFactory: roundRobinFactory,
+    socketFactory: () => fakeSocket(),
+    portAllocator: new PortAllocator(undefined, () => 0.5),
+    clock: { now: () => 0 },
+    random: () => 0.5,
+    node: { name: 'node-a' },
+    minSyncPeriodMs: 0,
+    syncPeriodMs: 30_000,
+    sweepIntervalMs: 1000,
+    bindAddress: '0.0.0.0',
+  });
+  return { proxier, portal };
+}
+
+const web = (rv: string): V1Service => service({ name: 'web', clusterIP: '10.96.0.10', ports: [{ name: 'http', port: 80 }], resourceVersion: rv }) as unknown as V1Service;
+const slice = (ips: string[], rv: string): V1EndpointSlice => endpointSlice({ service: 'web', ports: [{ name: 'http', port: 8080 }], endpoints: ips.map((ip) => ({ ip })), resourceVersion: rv }) as unknown as V1EndpointSlice;
+
+describe('the proxier programs the portal only when rules can change', () => {
+  it('programs it on the first sync even with no Service (leftover rules are replaced then)', async () => {
+    const { proxier, portal } = setup();
+    await proxier.setSynced();
+    expect(portal.syncs).toEqual([{ units: [], periodic: false }]);
+    await proxier.shutdown(0);
+  });
+
+  it('leaves it alone when only endpoints change; programs it when a unit opens or closes, and periodically', async () => {
+    const { proxier, portal } = setup();
+    proxier.cache.upsertService(web('1'));
+    proxier.cache.upsertEndpointSlice(slice(['10.0.0.1'], '1'));
+    await proxier.setSynced();
+    expect(portal.syncs).toHaveLength(1);
+    expect(portal.syncs[0]?.units).toEqual(['default/web:http@40000']);
+
+    proxier.cache.upsertEndpointSlice(slice(['10.0.0.1', '10.0.0.2'], '2'));
+    const summary = await proxier.syncNow();
+    expect(summary.updated).toBe(1);
+    expect(portal.syncs).toHaveLength(1);
+    expect(proxier.status()[0]?.endpoints).toHaveLength(2);
+
+    await proxier.syncNow(true);
+    expect(portal.syncs.map((s) => s.periodic)).toEqual([false, true]);
+
+    proxier.cache.deleteService('default', 'web');
+    await proxier.syncNow();
+    expect(portal.syncs.at(-1)).toEqual({ units: [], periodic: false });
+    await proxier.shutdown(0);
+  });
+
+  it('programs it again on the next sync after a failure, whatever changed', async () => {
+    const { proxier, portal } = setup();
+    proxier.cache.upsertService(web('1'));
+    portal.fail = true;
+    await proxier.setSynced();
+    expect(proxier.lastSync?.portalErrors).toBe(1);
+    portal.fail = false;
+    proxier.cache.upsertEndpointSlice(slice(['10.0.0.3'], '3'));
+    await proxier.syncNow();
+    expect(portal.syncs).toHaveLength(2);
+    expect(proxier.lastSync?.portalErrors).toBe(0);
+    await proxier.syncNow();
+    expect(portal.syncs).toHaveLength(2);
+    await proxier.shutdown(0);
+  });
+});
