@@ -107,6 +107,26 @@ describe('UdpProxySocket: datagrams', () => {
     expect(proxy.stats.noEndpointRejects).toBe(1);
     expect(proxy.active()).toBe(0);
   });
+
+  it('ends the session, and keeps serving, when the session socket cannot connect to its endpoint', async () => {
+    // connect() to the broadcast address fails at once with EACCES (no SO_BROADCAST): the kernel
+    // refuses it before any packet could leave, so nothing is sent anywhere. Node hands that error
+    // to connect()'s callback rather than emitting it; a send on the unconnected socket used to
+    // throw outside any handler and end the process.
+    const { proxy, port, records } = await proxyFor(FakeBalancer.of([9], { ip: '255.255.255.255' }));
+    const c = await client();
+    c.send('first', port, LO);
+    c.send('second', port, LO);
+    await waitUntil(() => records.some((r) => r.msg === 'udp session error'), 'the session error to be logged');
+    await waitUntil(() => proxy.active() === 0, 'the session to end');
+    c.send('third', port, LO);
+    await waitUntil(() => proxy.stats.udpDatagrams === 3, 'the next datagram to be taken');
+    await waitUntil(() => proxy.active() === 0, 'its session to end too');
+    // Still alive and serving: a working endpoint behind the same listener answers.
+    const e = await echo(LO, 'ok');
+    const good = await proxyFor(FakeBalancer.of([e.port]));
+    expect((await udpAsk(await client(), good.port, LO, 'hi')).msg.toString()).toBe('ok:hi');
+  });
 });
 
 describe('UdpProxySocket: sessions', () => {

@@ -185,7 +185,13 @@ export class UdpProxySocket implements ProxySocket {
     const { socket, endpoint } = session;
     socket.on('message', (msg) => this.onEndpointDatagram(session, msg));
     socket.on('error', (err) => this.onSessionError(session, err));
-    socket.connect(endpoint.port, endpoint.ip, () => {
+    // A failed connect (no route to the endpoint, a broadcast address) is handed to this callback,
+    // not emitted: sending on the unconnected socket would throw outside any handler.
+    socket.connect(endpoint.port, endpoint.ip, (err?: Error) => {
+      if (err) {
+        this.onSessionError(session, err);
+        return;
+      }
       const pending = session.pending ?? [];
       session.pending = undefined;
       for (const msg of pending) socket.send(msg);
