@@ -22,6 +22,7 @@ const realTimers: RunnerTimers = {
 
 export class BoundedFrequencyRunner {
   private lastRun = -Infinity;
+  private lastPeriodicRun = -Infinity;
   private timer: unknown;
   private timerDue = Infinity;
   private running: Promise<void> | undefined;
@@ -37,6 +38,7 @@ export class BoundedFrequencyRunner {
 
   start(): void {
     this.stopped = false;
+    this.lastPeriodicRun = this.timers.now();
     this.schedule(this.maxIntervalMs, true);
   }
 
@@ -84,12 +86,16 @@ export class BoundedFrequencyRunner {
     this.clear();
     this.lastRun = this.timers.now();
     this.pending = false;
-    this.running = this.fn(periodic).finally(() => {
+    // A request that arrived before the periodic timer replaced it: the run it gets is the periodic
+    // one when that is due, or changes arriving more often than maxInterval would starve it.
+    const isPeriodic = periodic || this.lastRun - this.lastPeriodicRun >= this.maxIntervalMs;
+    if (isPeriodic) this.lastPeriodicRun = this.lastRun;
+    this.running = this.fn(isPeriodic).finally(() => {
       this.running = undefined;
     });
     await this.running;
     if (this.stopped) return;
     if (this.pending) this.run();
-    else this.schedule(this.maxIntervalMs, true);
+    else this.schedule(Math.max(0, this.lastPeriodicRun + this.maxIntervalMs - this.timers.now()), true);
   }
 }

@@ -79,4 +79,20 @@ describe('BoundedFrequencyRunner', () => {
     await timers.advance(10);
     expect(count).toBe(2);
   });
+
+  it('still runs the periodic sync when changes keep arriving more often than maxInterval', async () => {
+    const timers = new FakeTimers();
+    const periodic: number[] = [];
+    const r = new BoundedFrequencyRunner(async (p) => void (p && periodic.push(timers.now())), 1000, 30_000, timers);
+    r.start();
+    // A change every 20 s for 10 minutes: each would pre-empt the 30 s periodic timer.
+    for (let t = 0; t < 600_000; t += 20_000) {
+      r.run();
+      await timers.advance(20_000);
+    }
+    r.stop();
+    expect(periodic.length).toBeGreaterThanOrEqual(15);
+    const gaps = periodic.slice(1).map((t, k) => t - (periodic[k] as number));
+    expect(Math.max(...gaps)).toBeLessThanOrEqual(40_000);
+  });
 });
