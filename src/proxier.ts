@@ -109,6 +109,10 @@ export class Proxier {
   /** Services with a healthCheckNodePort, and how many ready endpoints this node has for them. */
   private readonly health = new Map<string, ServiceHealth>();
   private synced = false;
+  /** Set by shutdown: no sync starts, and one under way opens nothing more. */
+  private stopping = false;
+  /** The sync under way, if any: shutdown waits for it before closing what runs. */
+  private current: Promise<void> | undefined;
   /** True until the portal has been programmed once, and again after it failed. */
   private portalNeedsSync = true;
   private sweepTimer: NodeJS.Timeout | undefined;
@@ -194,8 +198,11 @@ export class Proxier {
    * what remains. Portal rules are left to the caller (they stay in place across a restart).
    */
   async shutdown(graceMs: number): Promise<{ cut: number }> {
+    this.stopping = true;
     this.runner.stop();
     if (this.sweepTimer) clearInterval(this.sweepTimer);
+    // A sync under way could otherwise open sockets after the snapshot below, never to be closed.
+    await this.current;
     const sockets = [...[...this.units.values()].map((u) => u.socket), ...this.retired];
     await Promise.allSettled(sockets.map((s) => s.close()));
     const drained = Promise.allSettled(sockets.map((s) => s.drained()));
@@ -232,19 +239,31 @@ export class Proxier {
   }
 
   private async syncSafely(periodic: boolean): Promise<void> {
-    try {
-      await this.sync(periodic);
-    } catch (err) {
+    if (this.stopping) return;
+    const run = this.sync(periodic).catch((err: unknown) => {
       // A bug, not input: keep its stack, keep serving what runs, try again next period.
       this.log.error({ err }, 'sync failed');
-    }
+    });
+    this.current = run;
+    await run;
+    if (this.current === run) this.current = undefined;
   }
 
   private async sync(periodic: boolean): Promise<void> {
     const started = this.opts.clock.now();
     this.pendingSince = undefined;
     const summary: SyncSummary = { services: 0, units: 0, opened: 0, closed: 0, recreated: 0, updated: 0, listenErrors: 0, portalErrors: 0, durationMs: 0 };
-    const dirty = [...this.cache.takeDirty()].map((key) => ({ key, desired: this.desiredUnits(key) }));
+    const dirty: Array<{ key: string; desired: ProxyUnit[] }> = [];
+    for (const key of this.cache.takeDirty()) {
+      try {
+        dirty.push({ key, desired: this.desiredUnits(key) });
+      } catch (err) {
+        // A bug in translation must not cost the other Services their changes: this one keeps
+        // what runs for it and is tried again at the next sync.
+        this.log.error({ err, service: key }, 'translating the Service failed; keeping what runs for it');
+        this.cache.markDirty([key]);
+      }
+    }
     let prepareErrors: string[] = [];
     if (this.opts.portal.prepare) {
       prepareErrors = (await this.opts.portal.prepare(dirty.flatMap((d) => d.desired))).errors;
@@ -323,6 +342,7 @@ export class Proxier {
   }
 
   private async openUnit(unit: ProxyUnit): Promise<void> {
+    if (this.stopping) return;
     const balancer = this.opts.balancerFactory({ clock: this.opts.clock, random: this.opts.random });
     balancer.setAffinity(unit.affinity);
     balancer.setEndpoints(unit.endpoints);

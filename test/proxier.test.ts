@@ -26,8 +26,13 @@ class RecordingPortal implements Portal {
   }
 }
 
+/** Every fake socket made, to check that shutdown closed each. */
+const made: Array<{ closed: boolean }> = [];
+
 /** Sockets that bind nothing: this test is about what the proxier asks of the portal. */
 function fakeSocket(): ProxySocket {
+  const record = { closed: false };
+  made.push(record);
   let next = 40000;
   const bound: BoundAddress[] = [];
   return {
@@ -40,7 +45,9 @@ function fakeSocket(): ProxySocket {
     },
     addresses: () => bound,
     async unlisten() {},
-    async close() {},
+    async close() {
+      record.closed = true;
+    },
     active: () => 0,
     drained: async () => {},
     destroyAll() {},
@@ -48,8 +55,7 @@ function fakeSocket(): ProxySocket {
   };
 }
 
-function setup(): { proxier: Proxier; portal: RecordingPortal } {
-  const portal = new RecordingPortal();
+function setup(portal = new RecordingPortal()): { proxier: Proxier; portal: RecordingPortal } {
   const proxier = new Proxier({
     portal,
     logger: silentLogger(),
@@ -65,6 +71,26 @@ function setup(): { proxier: Proxier; portal: RecordingPortal } {
     bindAddress: '0.0.0.0',
   });
   return { proxier, portal };
+}
+
+/** A portal whose prepare() takes until the test lets it go: a sync held mid-way. */
+class SlowPortal extends RecordingPortal {
+  release: () => void = () => {};
+  entered: Promise<void>;
+  private enter: () => void = () => {};
+  constructor() {
+    super();
+    this.entered = new Promise((r) => {
+      this.enter = r;
+    });
+  }
+  async prepare(): Promise<PortalSyncResult> {
+    this.enter();
+    await new Promise<void>((r) => {
+      this.release = r;
+    });
+    return { errors: [] };
+  }
 }
 
 const web = (rv: string): V1Service => service({ name: 'web', clusterIP: '10.96.0.10', ports: [{ name: 'http', port: 80 }], resourceVersion: rv }) as unknown as V1Service;
@@ -116,4 +142,41 @@ describe('the proxier programs the portal only when rules can change', () => {
     expect(portal.syncs).toHaveLength(2);
     await proxier.shutdown(0);
   });
+
+describe('shutdown', () => {
+  it('waits for a sync under way, so nothing it opens outlives the shutdown', async () => {
+    const portal = new SlowPortal();
+    const { proxier } = setup(portal);
+    proxier.cache.upsertService(web('1'));
+    proxier.cache.upsertEndpointSlice(slice(['10.0.0.1'], '1'));
+    made.length = 0;
+    const first = proxier.setSynced();
+    await portal.entered; // the first sync is inside prepare(), before opening the unit
+    const stopped = proxier.shutdown(0);
+    portal.release();
+    await Promise.all([first, stopped]);
+    expect(made.every((m) => m.closed)).toBe(true);
+    expect(proxier.status()).toEqual([]);
+  });
+});
+
+describe('a Service whose translation throws (a bug, not input)', () => {
+  it('costs the other Services nothing, and is tried again at the next sync', async () => {
+    const { proxier } = setup();
+    proxier.cache.upsertService(web('1'));
+    proxier.cache.upsertService(service({ name: 'api', clusterIP: '10.96.0.11', ports: [{ name: 'http', port: 80 }] }) as unknown as V1Service);
+    const real = proxier.cache.service.bind(proxier.cache);
+    let broken = true;
+    proxier.cache.service = (key: string) => {
+      if (broken && key === 'default/web') throw new Error('bug');
+      return real(key);
+    };
+    await proxier.setSynced();
+    expect(proxier.status().map((u) => u.name)).toEqual(['default/api:http']);
+    broken = false;
+    await proxier.syncNow();
+    expect(proxier.status().map((u) => u.name)).toEqual(['default/api:http', 'default/web:http']);
+    await proxier.shutdown(0);
+  });
+});
 });

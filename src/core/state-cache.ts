@@ -122,6 +122,11 @@ export class StateCache implements StateSink {
     return taken;
   }
 
+  /** Marks these Service keys dirty again (a sync that could not apply them hands them back). */
+  markDirty(keys: Iterable<string>): void {
+    for (const key of keys) this.dirty.add(key);
+  }
+
   markAllDirty(): void {
     for (const key of this.services.objects.keys()) this.dirty.add(key);
     for (const key of this.slicesByService.keys()) this.dirty.add(key);
