@@ -210,4 +210,20 @@ describe('validateEndpointSlice', () => {
     ];
     expect(fields(validateEndpointSlice(slice({ endpoints: eps })))).toEqual(['endpoints[0].conditions.ready', 'endpoints[1].hints.forZones']);
   });
+
+describe('a load-balancer ingress entry that is not an object', () => {
+  it('is a problem naming the entry, and translation of such an object does not throw', async () => {
+    const { validateService } = await import('../src/core/validate.js');
+    const { translateService } = await import('../src/core/translate.js');
+    const svc = {
+      apiVersion: 'v1',
+      kind: 'Service',
+      metadata: { name: 'lb', namespace: 'default' },
+      spec: { type: 'LoadBalancer', clusterIP: '10.96.0.9', clusterIPs: ['10.96.0.9'], ports: [{ port: 80, protocol: 'TCP', nodePort: 30009 }] },
+      status: { loadBalancer: { ingress: [null, { ip: '192.0.2.9' }] } },
+    } as never;
+    expect(validateService(svc).map((p) => p.field)).toEqual(['status.loadBalancer.ingress[0]']);
+    expect(translateService(svc, []).ports[0]?.loadBalancerIPs).toEqual(['192.0.2.9']);
+  });
+});
 });

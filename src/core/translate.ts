@@ -130,7 +130,7 @@ function nodePortOf(svc: V1Service, p: V1ServicePort): number {
 function loadBalancerIPs(svc: V1Service): string[] {
   const ips: string[] = [];
   for (const ing of svc.status?.loadBalancer?.ingress ?? []) {
-    if (ing.ip && ing.ipMode !== 'Proxy') ips.push(ing.ip);
+    if (ing?.ip && ing.ipMode !== 'Proxy') ips.push(ing.ip);
   }
   return ips;
 }

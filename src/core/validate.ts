@@ -185,7 +185,11 @@ function checkLoadBalancerStatus(r: Report, ingress: unknown): void {
     return;
   }
   ingress.forEach((ing: unknown, i) => {
-    const ip = isRecord(ing) ? ing.ip : undefined;
+    if (!isRecord(ing)) {
+      r.fail(`status.loadBalancer.ingress[${i}]`, `${show(ing)} is not an object`);
+      return;
+    }
+    const ip = ing.ip;
     if (ip !== undefined && ip !== '' && !isIPText(ip)) {
       r.fail(`status.loadBalancer.ingress[${i}].ip`, `${show(ip)} is not an IP address`);
     }
