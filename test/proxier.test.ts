@@ -55,13 +55,13 @@ function fakeSocket(): ProxySocket {
   };
 }
 
-function setup(portal = new RecordingPortal()): { proxier: Proxier; portal: RecordingPortal } {
+function setup(portal = new RecordingPortal(), range?: { base: number; size: number }): { proxier: Proxier; portal: RecordingPortal } {
   const proxier = new Proxier({
     portal,
     logger: silentLogger(),
     balancerFactory: roundRobinFactory,
     socketFactory: () => fakeSocket(),
-    portAllocator: new PortAllocator(undefined, () => 0.5),
+    portAllocator: new PortAllocator(range, () => 0.5),
     clock: { now: () => 0 },
     random: () => 0.5,
     node: { name: 'node-a' },
@@ -176,6 +176,25 @@ describe('a Service whose translation throws (a bug, not input)', () => {
     broken = false;
     await proxier.syncNow();
     expect(proxier.status().map((u) => u.name)).toEqual(['default/api:http', 'default/web:http']);
+    await proxier.shutdown(0);
+  });
+});
+
+describe('--proxy-port-range', () => {
+  it('an exhausted range is a clear error for that service port; the others keep working', async () => {
+    const { proxier } = setup(new RecordingPortal(), { base: 40000, size: 1 });
+    proxier.cache.upsertService(web('1'));
+    proxier.cache.upsertService(service({ name: 'zzz', clusterIP: '10.96.0.12', ports: [{ name: 'http', port: 80 }] }) as unknown as V1Service);
+    await proxier.setSynced();
+    const [first, second] = proxier.status();
+    expect(first).toMatchObject({ name: 'default/web:http', proxyPort: 40000, errors: [] });
+    expect(second?.name).toBe('default/zzz:http');
+    expect(second?.proxyPort).toBeNull();
+    expect(second?.errors[0]).toMatch(/cannot listen on a proxy port on 0\.0\.0\.0: .*40000-40000/);
+    // The port comes free when its Service goes; the waiting one binds at the next sync.
+    proxier.cache.deleteService('default', 'web');
+    await proxier.syncNow();
+    expect(proxier.status()).toMatchObject([{ name: 'default/zzz:http', proxyPort: 40000, errors: [] }]);
     await proxier.shutdown(0);
   });
 });

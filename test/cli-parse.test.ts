@@ -1,0 +1,27 @@
+import { describe, expect, it } from 'vitest';
+import { parseCommandLine } from '../src/cli.js';
+import { buildConfig } from '../src/config.js';
+
+describe('flag names as kube-proxy has them', () => {
+  it('accepts --sync-period and --min-sync-period for the iptables-prefixed flags', () => {
+    const outcome = parseCommandLine(['--sync-period', '1m30s', '--min-sync-period', '250ms']);
+    expect(outcome.kind).toBe('run');
+    if (outcome.kind !== 'run') return;
+    const config = buildConfig(outcome.options);
+    expect(config.syncPeriodMs).toBe(90_000);
+    expect(config.minSyncPeriodMs).toBe(250);
+  });
+
+  it('passes on only the flags given, so a --config file can supply the rest', () => {
+    const outcome = parseCommandLine(['--udp-timeout', '1s']);
+    expect(outcome).toEqual({ kind: 'run', options: { udpTimeout: '1s' } });
+  });
+
+  it('takes port ranges as a-b, a+n and p', () => {
+    for (const [flag, base, size] of [['30000-30009', 30000, 10], ['30000+9', 30000, 10], ['30000', 30000, 1]] as const) {
+      const outcome = parseCommandLine(['--proxy-port-range', flag]);
+      if (outcome.kind !== 'run') throw new Error('parse failed');
+      expect(buildConfig(outcome.options).proxyPortRange).toEqual({ base, size });
+    }
+  });
+});
