@@ -53,6 +53,14 @@ export function buildProgram(capture: { out: string; err: string }): Command {
   return program;
 }
 
+/** The flags whose string value is handed on unchanged, under the same name. */
+const STRING_OPTIONS = [
+  'config', 'writeConfigTo', 'state', 'portal', 'kubeconfig', 'master', 'hostnameOverride', 'bindAddress',
+  'proxyPortRange', 'udpTimeout', 'maxUdpSessions', 'metricsBindAddress', 'healthzBindAddress',
+  'iptablesSyncPeriod', 'iptablesMinSyncPeriod', 'nodeportAddresses', 'serviceClusterIpRange',
+  'shutdownGracePeriod', 'configSyncPeriod', 'logLevel',
+] as const satisfies ReadonlyArray<keyof RawOptions>;
+
 export function parseCommandLine(argv: readonly string[]): CliOutcome {
   const capture = { out: '', err: '' };
   const program = buildProgram(capture);
@@ -69,29 +77,16 @@ export function parseCommandLine(argv: readonly string[]): CliOutcome {
   const o = program.opts<Record<string, string | boolean | undefined>>();
   const options: RawOptions = {};
   const s = (k: string): string | undefined => (typeof o[k] === 'string' ? (o[k] as string) : undefined);
-  const set = (key: keyof RawOptions, v: string | undefined): void => {
-    if (v !== undefined) (options as Record<string, unknown>)[key] = v;
-  };
-  set('config', s('config'));
-  set('writeConfigTo', s('writeConfigTo'));
-  set('state', s('state'));
-  set('portal', s('portal'));
-  set('kubeconfig', s('kubeconfig'));
-  set('master', s('master'));
-  set('hostnameOverride', s('hostnameOverride'));
-  set('bindAddress', s('bindAddress'));
-  set('proxyPortRange', s('proxyPortRange'));
-  set('udpTimeout', s('udpTimeout'));
-  set('maxUdpSessions', s('maxUdpSessions'));
-  set('metricsBindAddress', s('metricsBindAddress'));
-  set('healthzBindAddress', s('healthzBindAddress'));
-  set('iptablesSyncPeriod', s('syncPeriod') ?? s('iptablesSyncPeriod'));
-  set('iptablesMinSyncPeriod', s('minSyncPeriod') ?? s('iptablesMinSyncPeriod'));
-  set('nodeportAddresses', s('nodeportAddresses'));
-  set('serviceClusterIpRange', s('serviceClusterIpRange'));
-  set('shutdownGracePeriod', s('shutdownGracePeriod'));
-  set('configSyncPeriod', s('configSyncPeriod'));
-  set('logLevel', s('logLevel'));
+  // Commander names each value after its flag in camelCase, as RawOptions does; only the two
+  // kube-proxy aliases map onto another name.
+  for (const key of STRING_OPTIONS) {
+    const v = s(key);
+    if (v !== undefined) options[key] = v;
+  }
+  const syncPeriod = s('syncPeriod');
+  const minSyncPeriod = s('minSyncPeriod');
+  if (syncPeriod !== undefined) options.iptablesSyncPeriod = syncPeriod;
+  if (minSyncPeriod !== undefined) options.iptablesMinSyncPeriod = minSyncPeriod;
   if (o.cleanup === true) options.cleanup = true;
   return { kind: 'run', options };
 }
