@@ -11,24 +11,63 @@ import { createLogger } from '../src/log.js';
 import { waitFor } from './helpers/net.js';
 import { endpointSlice, list, service } from './helpers/objects.js';
 
-/** Records each full replace the source applies. */
+/**
+ * Keeps the state the source drives it to, full replaces and single changes alike, and records
+ * it after each apply (the calls of one apply are synchronous: one snapshot per microtask).
+ */
 class RecordingSink implements StateSink {
   readonly applied: Array<{ services: string[]; slices: string[] }> = [];
-  private pendingServices: string[] | undefined;
+  readonly calls = { replace: 0, upsert: 0, delete: 0 };
+  private readonly services = new Map<string, string>();
+  private readonly slices = new Map<string, string>();
+  private snapshotQueued = false;
   replaceServices(objs: readonly V1Service[]): void {
-    this.pendingServices = objs.map((o) => o.metadata?.name ?? '');
+    this.calls.replace++;
+    this.replace(this.services, objs);
   }
   replaceEndpointSlices(objs: readonly V1EndpointSlice[]): void {
-    this.applied.push({ services: this.pendingServices ?? [], slices: objs.map((o) => o.metadata?.name ?? '') });
-    this.pendingServices = undefined;
+    this.replace(this.slices, objs);
   }
-  upsertService(): void {}
-  deleteService(): void {}
-  upsertEndpointSlice(): void {}
-  deleteEndpointSlice(): void {}
+  upsertService(obj: V1Service): void {
+    this.calls.upsert++;
+    this.set(this.services, obj);
+  }
+  deleteService(namespace: string, name: string): void {
+    this.calls.delete++;
+    this.remove(this.services, namespace, name);
+  }
+  upsertEndpointSlice(obj: V1EndpointSlice): void {
+    this.calls.upsert++;
+    this.set(this.slices, obj);
+  }
+  deleteEndpointSlice(namespace: string, name: string): void {
+    this.calls.delete++;
+    this.remove(this.slices, namespace, name);
+  }
   setNode(_n: NodeInfo): void {}
   last(): { services: string[]; slices: string[] } | undefined {
     return this.applied[this.applied.length - 1];
+  }
+  private replace(map: Map<string, string>, objs: readonly (V1Service | V1EndpointSlice)[]): void {
+    map.clear();
+    for (const o of objs) this.set(map, o);
+    this.snapshotSoon();
+  }
+  private set(map: Map<string, string>, o: V1Service | V1EndpointSlice): void {
+    map.set(`${o.metadata?.namespace || 'default'}/${o.metadata?.name ?? ''}`, o.metadata?.name ?? '');
+    this.snapshotSoon();
+  }
+  private remove(map: Map<string, string>, namespace: string, name: string): void {
+    map.delete(`${namespace || 'default'}/${name}`);
+    this.snapshotSoon();
+  }
+  private snapshotSoon(): void {
+    if (this.snapshotQueued) return;
+    this.snapshotQueued = true;
+    queueMicrotask(() => {
+      this.snapshotQueued = false;
+      this.applied.push({ services: [...this.services.values()], slices: [...this.slices.values()] });
+    });
   }
 }
 
@@ -45,6 +84,7 @@ function captureLogger(): { logger: ReturnType<typeof createLogger>; lines: LogL
   return { logger, lines };
 }
 const ERROR = 50;
+const isDeferral = (l: LogLine): boolean => l.msg.includes('may be half-written');
 
 const state = (...names: string[]): string =>
   list([
@@ -55,14 +95,14 @@ const state = (...names: string[]): string =>
 const sources: FileSource[] = [];
 const dirs: string[] = [];
 
-async function setup(opts: { pollIntervalMs?: number; subdir?: string; initial?: string } = {}) {
+async function setup(opts: { pollIntervalMs?: number; debounceMs?: number; subdir?: string; initial?: string } = {}) {
   const dir = await mkdtemp(join(tmpdir(), 'kup-file-source-'));
   dirs.push(dir);
   const stateDir = opts.subdir ? join(dir, opts.subdir) : dir;
   const path = join(stateDir, 'state.json');
   if (opts.initial !== undefined) await writeFile(path, opts.initial);
   const { logger, lines } = captureLogger();
-  const source = new FileSource({ path, logger, debounceMs: 20, pollIntervalMs: opts.pollIntervalMs ?? 100 });
+  const source = new FileSource({ path, logger, debounceMs: opts.debounceMs ?? 20, pollIntervalMs: opts.pollIntervalMs ?? 100 });
   sources.push(source);
   const sink = new RecordingSink();
   return { dir, stateDir, path, source, sink, lines };
@@ -169,6 +209,43 @@ describe('FileSource', () => {
     await writeFile(path, other(yaml('b')));
     await waitFor(() => sink.last()?.services[0] === 'b', 'the edit to be applied');
     expect(lines.filter((l) => l.msg.includes('ConfigMap default/cfg'))).toHaveLength(1);
+  });
+
+  it('passes on only what an edit of a JSON list changed, not the whole file again', async () => {
+    const { dir, path, source, sink } = await setup({ initial: state('a', 'b', 'c') });
+    await source.start(sink);
+    expect(sink.calls).toEqual({ replace: 1, upsert: 0, delete: 0 });
+    const tmp = join(dir, 'tmp');
+    await writeFile(tmp, state('a', 'c'));
+    await rename(tmp, path);
+    await waitFor(() => !sink.last()?.services.includes('b'), 'b to be removed');
+    expect(sink.last()).toEqual({ services: ['a', 'c'], slices: ['a-abcde', 'c-abcde'] });
+    expect(sink.calls.replace).toBe(1);
+    expect(sink.calls.delete).toBe(2);
+  });
+
+  it('takes a YAML file written in two steps in its final form only, after a quiet spell', async () => {
+    const svc = (n: string): string => `apiVersion: v1\nkind: Service\nmetadata: {name: ${n}}\nspec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}\n`;
+    const { path, source, sink, lines } = await setup({ initial: svc('a'), debounceMs: 400 });
+    await source.start(sink);
+    // The first half is valid YAML on its own (one Service fewer), as a file written in place can be when read.
+    await writeFile(path, `${svc('a')}---\n`);
+    await waitFor(() => lines.some(isDeferral), 'the first half to be read and put off');
+    await writeFile(path, `${svc('a')}---\n${svc('b')}`);
+    await waitFor(() => sink.last()?.services.includes('b'), 'the whole file to be applied');
+    expect(sink.applied.map((a) => a.services)).toEqual([['a'], ['a', 'b']]);
+    expect(lines.filter((l) => l.level >= ERROR)).toEqual([]);
+  });
+
+  it('does not report JSON caught half-written when it is complete within the quiet spell', async () => {
+    const { path, source, sink, lines } = await setup({ initial: state('a'), debounceMs: 400 });
+    await source.start(sink);
+    const text = state('a', 'b');
+    await writeFile(path, text.slice(0, text.length / 2));
+    await waitFor(() => lines.some(isDeferral), 'the first half to be read and put off');
+    await writeFile(path, text);
+    await waitFor(() => sink.last()?.services.includes('b'), 'the whole file to be applied');
+    expect(lines.filter((l) => l.level >= ERROR)).toEqual([]);
   });
 
   it('stops watching on stop()', async () => {

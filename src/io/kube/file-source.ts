@@ -1,16 +1,19 @@
 import { watch, watchFile, unwatchFile, type FSWatcher, type Stats } from 'node:fs';
 import { readFile } from 'node:fs/promises';
+import { performance } from 'node:perf_hooks';
 import { dirname } from 'node:path';
 import type { StateSink } from '../../core/state-cache.js';
-import { problemString } from '../../core/model.js';
+import { problemString, type ObjectProblem } from '../../core/model.js';
 import { errnoCode } from '../../errors.js';
 import type { Logger } from '../../log.js';
-import { parseManifest, type Manifest } from './manifest.js';
+import { ManifestReader, type ManifestChange } from './manifest-reader.js';
 
 /**
  * Services and EndpointSlices from a file (see manifest.ts for what it may hold), re-read when
- * it changes. Every successful read replaces the whole state; a read that fails (missing file,
- * syntax error) changes nothing, so the last good state stays in force.
+ * it changes. A successful read brings the state in line with the file: a JSON list edited in
+ * its items passes on only the objects that changed (manifest-reader.ts), anything else replaces
+ * the whole state. A read that fails (missing file, syntax error) changes nothing, so the last
+ * good state stays in force.
  *
  * Two watchers, because neither is enough alone:
  * - fs.watch on the directory, not the file: editors save by writing a temporary file and
@@ -19,15 +22,23 @@ import { parseManifest, type Manifest } from './manifest.js';
  *   `..data` symlink and never touches the file's own name.
  * - fs.watchFile polling, for filesystems where inotify says nothing (NFS, some overlay mounts)
  *   and for a directory that does not exist yet.
- * Events are debounced, reads are serialized, and identical content is not applied twice, so the
- * two watchers firing for one edit cost one apply and at most one log line.
+ * Reads are serialized and identical content is not applied twice, so the two watchers firing
+ * for one edit cost one apply and at most one log line.
+ *
+ * When to read: soon after an event (settleMs gathers the events of one save), because an edit
+ * should reach connections within a few milliseconds. But a file being written in place may be
+ * read half-written. Half a JSON document never parses, so JSON that parses is applied at once;
+ * anything else (YAML, whose prefix may well parse, an empty file, JSON that does not parse yet)
+ * is taken as final only after debounceMs without events. A parse error is reported only then.
  */
 
 export interface FileSourceOptions {
   path: string;
   logger: Logger;
-  /** Quiet time after the last event before reading; default 100. */
+  /** Quiet time after the last event before text that might be half-written is taken as final; default 100. */
   debounceMs?: number;
+  /** Time from an event to the read, gathering the events of one save; default 5. */
+  settleMs?: number;
   /** fs.watchFile interval; default 1000. */
   pollIntervalMs?: number;
 }
@@ -39,27 +50,33 @@ export class FileSource {
   private readonly path: string;
   private readonly log: Logger;
   private readonly debounceMs: number;
+  private readonly settleMs: number;
   private readonly pollIntervalMs: number;
+  private readonly reader: ManifestReader;
   private sink: StateSink | undefined;
   private dirWatcher: FSWatcher | undefined;
   private timer: NodeJS.Timeout | undefined;
   private loading: Promise<void> | undefined;
   private reloadAgain = false;
   private stopped = false;
-  /** Content of the last read (applied or not): the same bytes are neither applied nor reported twice. */
-  private lastText: string | undefined;
+  /** performance.now() of the last watcher event. */
+  private lastEventAt = -Infinity;
+  /** Content that failed to parse and was reported: not parsed or reported again. */
+  private failed: Buffer | undefined;
   private lastFailure: string | undefined;
   private loadedOnce = false;
   private reportedProblems = new Set<string>();
   private readonly onPoll = (curr: Stats, prev: Stats): void => {
-    if (curr.mtimeMs !== prev.mtimeMs || curr.ino !== prev.ino || curr.size !== prev.size) this.schedule();
+    if (curr.mtimeMs !== prev.mtimeMs || curr.ino !== prev.ino || curr.size !== prev.size) this.onEvent();
   };
 
   constructor(opts: FileSourceOptions) {
     this.path = opts.path;
     this.log = opts.logger;
     this.debounceMs = opts.debounceMs ?? 100;
+    this.settleMs = opts.settleMs ?? 5;
     this.pollIntervalMs = opts.pollIntervalMs ?? 1000;
+    this.reader = new ManifestReader(opts.path);
     this.synced = new Promise((resolve) => {
       this.resolveSynced = resolve;
     });
@@ -87,7 +104,7 @@ export class FileSource {
   private armDirWatcher(): void {
     if (this.dirWatcher || this.stopped) return;
     try {
-      const w = watch(dirname(this.path), { persistent: true }, () => this.schedule());
+      const w = watch(dirname(this.path), { persistent: true }, () => this.onEvent());
       // The directory went away (or the watch broke): drop it; the poller notices the file's
       // return and the next read re-arms.
       w.on('error', () => {
@@ -101,13 +118,19 @@ export class FileSource {
     }
   }
 
-  private schedule(): void {
+  private onEvent(): void {
+    this.lastEventAt = performance.now();
+    this.readIn(this.settleMs);
+  }
+
+  /** A read `ms` from now, replacing any read already planned. */
+  private readIn(ms: number): void {
     if (this.stopped) return;
     if (this.timer) clearTimeout(this.timer);
     this.timer = setTimeout(() => {
       this.timer = undefined;
       void this.runLoad();
-    }, this.debounceMs);
+    }, ms);
   }
 
   /** One read at a time; an event during a read asks for one more read after it. */
@@ -120,7 +143,7 @@ export class FileSource {
       this.loading = undefined;
       if (this.reloadAgain) {
         this.reloadAgain = false;
-        this.schedule();
+        this.readIn(0);
       }
     });
     return this.loading;
@@ -128,30 +151,42 @@ export class FileSource {
 
   private async load(): Promise<void> {
     this.armDirWatcher();
-    const text = await this.read();
-    if (text === undefined || text === this.lastText || this.stopped) return;
-    this.lastText = text;
-    let manifest: Manifest;
+    const buf = await this.read();
+    if (buf === undefined || this.stopped || this.failed?.equals(buf)) return;
+    // Milliseconds until the file has been quiet for debounceMs (<= 0: it has).
+    const unquietMs = this.debounceMs - (performance.now() - this.lastEventAt);
+    if (unquietMs > 0 && !startsLikeJson(buf)) return this.readWhenQuiet(unquietMs, 'not JSON');
+    let change: ManifestChange | undefined;
     try {
-      manifest = parseManifest(text, this.path);
+      change = this.reader.read(buf);
     } catch (err) {
+      if (unquietMs > 0) return this.readWhenQuiet(unquietMs, 'does not parse');
+      this.failed = buf;
       // err.message names the file, line and column: one line, and the last good state stays.
       this.log.error({ file: this.path, err }, `${(err as Error).message}; keeping the last good state`);
       return;
     }
-    this.apply(manifest);
+    this.failed = undefined;
+    if (change !== undefined) this.apply(change);
   }
 
-  /** The file's text, or undefined when it cannot be read (reported once per kind of failure). */
-  private async read(): Promise<string | undefined> {
+  /** The file may be half-written: look again once it has been quiet. */
+  private readWhenQuiet(ms: number, why: string): void {
+    this.log.debug({ file: this.path, why, inMs: Math.ceil(ms) }, 'state file changed moments ago and may be half-written; reading it again when quiet');
+    this.readIn(ms);
+  }
+
+  /** The file's content, or undefined when it cannot be read (reported once per kind of failure). */
+  private async read(): Promise<Buffer | undefined> {
     try {
-      const text = await readFile(this.path, 'utf8');
+      const buf = await readFile(this.path);
       this.lastFailure = undefined;
-      return text;
+      return buf;
     } catch (err) {
       const code = errnoCode(err) ?? 'unknown';
-      // Forget the content, so the file coming back as it was is applied again.
-      this.lastText = undefined;
+      // Forget the content, so the file coming back as it was is applied (and reported) again.
+      this.reader.reset();
+      this.failed = undefined;
       if (this.lastFailure === code) return undefined;
       this.lastFailure = code;
       if (code === 'ENOENT') {
@@ -164,30 +199,51 @@ export class FileSource {
     }
   }
 
-  private apply(m: Manifest): void {
+  private apply(change: ManifestChange): void {
     const sink = this.sink;
     if (!sink) return;
-    this.reportProblems(m);
+    let counts: { services: number; endpointSlices: number };
     try {
-      sink.replaceServices(m.services);
-      sink.replaceEndpointSlices(m.endpointSlices);
+      if (change.kind === 'full') {
+        const m = change.manifest;
+        this.reportProblems(m.problems);
+        sink.replaceServices(m.services);
+        sink.replaceEndpointSlices(m.endpointSlices);
+        counts = { services: m.services.length, endpointSlices: m.endpointSlices.length };
+      } else {
+        this.reportProblems(change.problems);
+        for (const s of change.upsertServices) sink.upsertService(s);
+        for (const s of change.upsertEndpointSlices) sink.upsertEndpointSlice(s);
+        for (const k of change.deleteEndpointSlices) sink.deleteEndpointSlice(k.namespace, k.name);
+        for (const k of change.deleteServices) sink.deleteService(k.namespace, k.name);
+        counts = { services: change.services, endpointSlices: change.endpointSlices };
+      }
     } catch (err) {
-      // A bug in the sink, not bad input: keep its stack.
+      // A bug in the sink, not bad input: keep its stack, and read the file whole next time.
+      this.reader.reset();
       this.log.error({ file: this.path, err }, 'applying the state file failed');
       return;
     }
     this.loadedOnce = true;
-    this.log.info({ file: this.path, services: m.services.length, endpointSlices: m.endpointSlices.length }, 'loaded state file');
+    const changed = change.kind === 'full' ? 'all' : change.upsertServices.length + change.upsertEndpointSlices.length + change.deleteServices.length + change.deleteEndpointSlices.length;
+    this.log.info({ file: this.path, ...counts, changed }, 'loaded state file');
   }
 
   /** Ignored objects are reported when they first appear, not on every re-read of the file. */
-  private reportProblems(m: Manifest): void {
+  private reportProblems(problems: readonly ObjectProblem[]): void {
     const now = new Set<string>();
-    for (const p of m.problems) {
+    for (const p of problems) {
       const s = problemString(p);
       if (!this.reportedProblems.has(s) && !now.has(s)) this.log.warn({ file: this.path, object: p.object, field: p.field }, s);
       now.add(s);
     }
     this.reportedProblems = now;
   }
+}
+
+/** The first byte after space (and a byte-order mark) opens a JSON object or array. */
+function startsLikeJson(buf: Buffer): boolean {
+  let i = buf[0] === 0xef && buf[1] === 0xbb && buf[2] === 0xbf ? 3 : 0;
+  while (buf[i] === 0x20 || buf[i] === 0x0a || buf[i] === 0x0d || buf[i] === 0x09) i++;
+  return buf[i] === 0x7b || buf[i] === 0x5b;
 }

@@ -27,12 +27,21 @@ const TYPED_LISTS: Record<string, { kind: string }> = {
   EndpointSliceList: { kind: 'EndpointSlice' },
 };
 
-type Doc = Record<string, unknown>;
+export type Doc = Record<string, unknown>;
 
 /** Throws ProxyError('PARSE') naming the file, line and column when the text is neither JSON nor YAML. */
 export function parseManifest(text: string, file: string): Manifest {
-  const out: Manifest = { services: [], endpointSlices: [], problems: [] };
-  parseDocuments(text, file).forEach((doc, i) => {
+  return manifestOf(parseDocuments(text, file), file);
+}
+
+export function emptyManifest(): Manifest {
+  return { services: [], endpointSlices: [], problems: [] };
+}
+
+/** The objects of parsed documents (what parseDocuments returned). */
+export function manifestOf(docs: readonly unknown[], file: string): Manifest {
+  const out = emptyManifest();
+  docs.forEach((doc, i) => {
     // Empty documents (`---` twice, a trailing `---`) are fine.
     if (doc === null || doc === undefined) return;
     if (!isRecord(doc)) {
@@ -45,7 +54,7 @@ export function parseManifest(text: string, file: string): Manifest {
 }
 
 /** JSON is YAML too, but JSON.parse is exact and much faster on large `-o json` dumps. */
-function parseDocuments(raw: string, file: string): unknown[] {
+export function parseDocuments(raw: string, file: string): unknown[] {
   // Windows editors may start the file with a byte-order mark, which JSON.parse refuses.
   const text = raw.replace(/^\uFEFF/, '');
   if (/^\s*[{[]/.test(text)) {
@@ -72,7 +81,9 @@ function parseDocuments(raw: string, file: string): unknown[] {
  * Takes one object (or list) into `out`. `implied` is the apiVersion/kind a typed list gives
  * items that do not state their own.
  */
-function collect(doc: Doc, implied: { apiVersion: string; kind: string } | undefined, file: string, out: Manifest): void {
+type Implied = { apiVersion: string; kind: string };
+
+function collect(doc: Doc, implied: Implied | undefined, file: string, out: Manifest): void {
   const kind = typeof doc.kind === 'string' ? doc.kind : implied?.kind;
   const apiVersion = typeof doc.apiVersion === 'string' ? doc.apiVersion : implied?.apiVersion;
   const label = objectLabel(kind ?? 'object', doc);
@@ -100,13 +111,39 @@ function collect(doc: Doc, implied: { apiVersion: string; kind: string } | undef
 function collectList(doc: Doc, kind: string, file: string, out: Manifest, problem: (f: string, m: string) => void): void {
   const items = doc.items ?? [];
   if (!Array.isArray(items)) return problem('items', 'must be a list');
-  // Items of a typed list have the list's group/version (a v1beta1 EndpointSliceList holds v1beta1 slices).
-  const itemKind = TYPED_LISTS[kind]?.kind;
-  const implied = itemKind && typeof doc.apiVersion === 'string' ? { kind: itemKind, apiVersion: doc.apiVersion } : undefined;
+  const implied = impliedBy(doc, kind);
   items.forEach((item: unknown, i) => {
     if (isRecord(item)) collect(item, implied, file, out);
     else problem(`items[${i}]`, 'not a Kubernetes object');
   });
+}
+
+/** Items of a typed list have the list's group/version (a v1beta1 EndpointSliceList holds v1beta1 slices). */
+function impliedBy(doc: Doc, kind: string): Implied | undefined {
+  const itemKind = TYPED_LISTS[kind]?.kind;
+  return itemKind && typeof doc.apiVersion === 'string' ? { kind: itemKind, apiVersion: doc.apiVersion } : undefined;
+}
+
+/**
+ * For a document that is a list whose items are all objects: the items, and how to read one of
+ * them alone (manifestOf the document equals the items' manifests joined in order). Undefined
+ * for any other document.
+ */
+export function listItems(doc: unknown, file: string): { items: Doc[]; read: (item: Doc) => Manifest } | undefined {
+  if (!isRecord(doc) || typeof doc.kind !== 'string') return undefined;
+  const kind = doc.kind;
+  if (kind !== 'List' && !Object.hasOwn(TYPED_LISTS, kind)) return undefined;
+  const items: unknown = doc.items;
+  if (!Array.isArray(items) || !items.every(isRecord)) return undefined;
+  const implied = impliedBy(doc, kind);
+  return {
+    items,
+    read: (item) => {
+      const out = emptyManifest();
+      collect(item, implied, file, out);
+      return out;
+    },
+  };
 }
 
 /**
