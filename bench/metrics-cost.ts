@@ -13,7 +13,6 @@ import { ServicePortStats, DIAL_LATENCY_BUCKETS } from '../src/core/stats.js';
 import type { ProxyUnit } from '../src/core/units.js';
 import { ProxyMetrics, type MetricsProxier } from '../src/io/http/metrics.js';
 import type { SyncSummary } from '../src/proxier.js';
-import { StateCache } from '../src/core/state-cache.js';
 import { StatsLedger, type Series } from '../src/core/stats-ledger.js';
 import { SERVICE_PORT_FAMILIES } from '../src/io/http/service-port-metrics.js';
 
@@ -117,8 +116,7 @@ function fakeProxier(units: number): MetricsProxier {
     onSync: [] as Array<(s: SyncSummary) => void>,
     lastSyncAt: 0,
     pendingSince: undefined,
-    cache: new StateCache({ onProblem: () => undefined }),
-    node: { name: 'bench' },
+    noLocalEndpoints: () => ({ internal: 0, external: 0 }),
   };
 }
 

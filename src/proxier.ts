@@ -1,7 +1,7 @@
 import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
 import type { LoadBalancer, BalancerFactory } from './core/balancer/load-balancer.js';
 import type { Clock, RandomSource } from './core/clock.js';
-import { categorizeEndpoints } from './core/endpoints.js';
+import { categorizeEndpoints, lacksLocalEndpoints } from './core/endpoints.js';
 import type { Endpoint, NodeInfo, ObjectProblem, PortalAddress, ServicePort } from './core/model.js';
 import { problemString } from './core/model.js';
 import type { PortAllocator } from './core/port-allocator.js';
@@ -108,6 +108,9 @@ export class Proxier {
   private readonly noticed = new Set<string>();
   /** Services with a healthCheckNodePort, and how many ready endpoints this node has for them. */
   private readonly health = new Map<string, ServiceHealth>();
+  /** Per Service, its ports that lack local endpoints (see lacksLocalEndpoints), and the totals. */
+  private readonly noLocal = new Map<string, { internal: number; external: number }>();
+  private readonly noLocalTotals = { internal: 0, external: 0 };
   private synced = false;
   /** Set by shutdown: no sync starts, and one under way opens nothing more. */
   private stopping = false;
@@ -299,8 +302,28 @@ export class Proxier {
     return [...this.health.values()];
   }
 
+  /** Service ports whose Local traffic policy finds no endpoint on this node, as of the last sync. */
+  noLocalEndpoints(): { internal: number; external: number } {
+    return { ...this.noLocalTotals };
+  }
+
+  private setNoLocal(key: string, counts: { internal: number; external: number } | undefined): void {
+    const old = this.noLocal.get(key);
+    if (old) {
+      this.noLocalTotals.internal -= old.internal;
+      this.noLocalTotals.external -= old.external;
+      this.noLocal.delete(key);
+    }
+    if (counts && counts.internal + counts.external > 0) {
+      this.noLocalTotals.internal += counts.internal;
+      this.noLocalTotals.external += counts.external;
+      this.noLocal.set(key, counts);
+    }
+  }
+
   private desiredUnits(key: string): ProxyUnit[] {
     this.health.delete(key);
+    this.setNoLocal(key, undefined);
     const svc = this.cache.service(key);
     if (!svc) return [];
     const result = translateService(svc, this.cache.slicesFor(key));
@@ -309,14 +332,20 @@ export class Proxier {
       return [];
     }
     for (const n of result.notices) this.noticeOnce(`${key}|${n}`, { service: key }, `Service ${key}: ${n}`);
-    return result.ports.flatMap((sp: ServicePort) => {
+    const noLocal = { internal: 0, external: 0 };
+    const units = result.ports.flatMap((sp: ServicePort) => {
       const sets = categorizeEndpoints(sp, this.opts.node);
+      const lacks = lacksLocalEndpoints(sp, sets);
+      if (lacks.internal) noLocal.internal++;
+      if (lacks.external) noLocal.external++;
       if (sp.healthCheckNodePort > 0) {
         const prev = this.health.get(key)?.localEndpoints ?? 0;
         this.health.set(key, { service: key, healthCheckNodePort: sp.healthCheckNodePort, localEndpoints: Math.max(prev, sets.localReadyEndpoints) });
       }
       return planUnits(sp, sets);
     });
+    this.setNoLocal(key, noLocal);
+    return units;
   }
 
   private async syncService(key: string, desired: ProxyUnit[], summary: SyncSummary): Promise<void> {

@@ -199,3 +199,33 @@ describe('--proxy-port-range', () => {
   });
 });
 });
+
+describe('no-local-endpoints counts', () => {
+  it('follow each Service as it changes and goes, without recounting the others', async () => {
+    const { proxier } = setup();
+    const local = (name: string, rv: string): V1Service =>
+      service({ name, clusterIP: '10.96.0.11', ports: [{ name: 'http', port: 80, nodePort: 30080 }], internalTrafficPolicy: 'Local', externalTrafficPolicy: 'Local', resourceVersion: rv }) as unknown as V1Service;
+    const eps = (name: string, nodeName: string, rv: string): V1EndpointSlice =>
+      endpointSlice({ service: name, ports: [{ name: 'http', port: 8080 }], endpoints: [{ ip: '10.0.0.1', nodeName }], resourceVersion: rv }) as unknown as V1EndpointSlice;
+    proxier.cache.upsertService(local('a', '1'));
+    proxier.cache.upsertEndpointSlice(eps('a', 'node-b', '1'));
+    proxier.cache.upsertService(local('b', '1'));
+    proxier.cache.upsertEndpointSlice(eps('b', 'node-b', '1'));
+    await proxier.setSynced();
+    expect(proxier.noLocalEndpoints()).toEqual({ internal: 2, external: 2 });
+    // a's endpoint moves to this node; b is deleted; then a's Service goes too.
+    proxier.cache.upsertEndpointSlice(eps('a', 'node-a', '2'));
+    await proxier.syncNow();
+    expect(proxier.noLocalEndpoints()).toEqual({ internal: 1, external: 1 });
+    proxier.cache.deleteService('default', 'b');
+    await proxier.syncNow();
+    expect(proxier.noLocalEndpoints()).toEqual({ internal: 0, external: 0 });
+    proxier.cache.upsertEndpointSlice(eps('a', 'node-b', '3'));
+    await proxier.syncNow();
+    expect(proxier.noLocalEndpoints()).toEqual({ internal: 1, external: 1 });
+    proxier.cache.deleteService('default', 'a');
+    await proxier.syncNow();
+    expect(proxier.noLocalEndpoints()).toEqual({ internal: 0, external: 0 });
+    await proxier.shutdown(0);
+  });
+});

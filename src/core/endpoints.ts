@@ -42,6 +42,19 @@ export function categorizeEndpoints(sp: ServicePort, node: NodeInfo): Categorize
   };
 }
 
+/**
+ * kube-proxy's no-local-endpoints (sync_proxy_rules_no_local_endpoints_total): the port has
+ * usable endpoints somewhere, but its Local internal (or external) traffic policy finds none on
+ * this node, so that traffic is dropped.
+ */
+export function lacksLocalEndpoints(sp: ServicePort, sets: CategorizedEndpoints): { internal: boolean; external: boolean } {
+  const usable = sp.endpoints.some((ep) => ep.ready || (ep.serving && ep.terminating));
+  return {
+    internal: usable && sp.internalTrafficPolicy === 'Local' && sets.clusterEndpoints.length === 0,
+    external: usable && externallyAccessible(sp) && sp.externalTrafficPolicy === 'Local' && sets.externalEndpoints.length === 0,
+  };
+}
+
 /** ServicePort.ExternallyAccessible: has some portal outside the cluster IPs. */
 function externallyAccessible(sp: ServicePort): boolean {
   return sp.nodePort !== 0 || sp.externalIPs.length > 0 || sp.loadBalancerIPs.length > 0;

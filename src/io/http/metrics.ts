@@ -2,12 +2,8 @@ import type { V1EndpointSlice } from '@kubernetes/client-node';
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics, exponentialBuckets, linearBuckets } from 'prom-client';
 import type { Clock } from '../../core/clock.js';
 import { systemClock } from '../../core/clock.js';
-import { categorizeEndpoints } from '../../core/endpoints.js';
-import type { NodeInfo, ServicePort } from '../../core/model.js';
-import type { StateCache } from '../../core/state-cache.js';
 import { DIAL_LATENCY_BUCKETS, type ServicePortStats } from '../../core/stats.js';
 import { StatsLedger, type Reading, type Totals } from '../../core/stats-ledger.js';
-import { translateService } from '../../core/translate.js';
 import type { StateSink } from '../../core/state-cache.js';
 import { ProgrammingLatencyTracker } from '../kube/programming-latency.js';
 import type { ProxyUnit } from '../../core/units.js';
@@ -38,8 +34,8 @@ export interface MetricsProxier {
   readonly lastSyncAt: number | undefined;
   /** When the oldest change not yet applied was queued, on the proxier's clock. */
   readonly pendingSince: number | undefined;
-  readonly cache: StateCache;
-  readonly node: NodeInfo;
+  /** Service ports whose Local traffic policy finds no endpoint on this node, as of the last sync. */
+  noLocalEndpoints(): { internal: number; external: number };
 }
 
 export interface MetricsOptions {
@@ -165,7 +161,7 @@ export class ProxyMetrics implements SinkObserver, ProbeObserver {
     this.latency.synced(s);
     if (this.changedSinceCount) {
       this.changedSinceCount = false;
-      const counts = countNoLocalEndpoints(this.proxier.cache, this.proxier.node);
+      const counts = this.proxier.noLocalEndpoints();
       this.noLocalEndpoints.set({ traffic_policy: 'internal' }, counts.internal);
       this.noLocalEndpoints.set({ traffic_policy: 'external' }, counts.external);
     }
@@ -223,34 +219,6 @@ class DialLatencyHistogram extends Histogram {
   getForPromString(): ReturnType<Histogram['get']> {
     return this.get();
   }
-}
-
-/**
- * kube-proxy's no-local-endpoints counts: service ports with usable endpoints somewhere whose
- * Local internal (or external) traffic policy finds none on this node, where traffic is dropped.
- */
-export function countNoLocalEndpoints(cache: Pick<StateCache, 'serviceKeys' | 'service' | 'slicesFor'>, node: NodeInfo): { internal: number; external: number } {
-  let internal = 0;
-  let external = 0;
-  for (const key of cache.serviceKeys()) {
-    const svc = cache.service(key);
-    if (!svc) continue;
-    for (const sp of translateService(svc, cache.slicesFor(key)).ports) {
-      if (!hasUsableEndpoints(sp)) continue;
-      const eps = categorizeEndpoints(sp, node);
-      if (sp.internalTrafficPolicy === 'Local' && eps.clusterEndpoints.length === 0) internal++;
-      if (externallyAccessible(sp) && sp.externalTrafficPolicy === 'Local' && eps.externalEndpoints.length === 0) external++;
-    }
-  }
-  return { internal, external };
-}
-
-function hasUsableEndpoints(sp: ServicePort): boolean {
-  return sp.endpoints.some((ep) => ep.ready || (ep.serving && ep.terminating));
-}
-
-function externallyAccessible(sp: ServicePort): boolean {
-  return sp.nodePort !== 0 || sp.externalIPs.length > 0 || sp.loadBalancerIPs.length > 0;
 }
 
 /**
