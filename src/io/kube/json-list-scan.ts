@@ -51,15 +51,20 @@ function stringEnd(buf: Buffer, i: number): number {
 
 /**
  * End (exclusive) of the object or array opening at `i`, or -1 when it is not closed before
- * `limit`. Brackets are only counted, not matched: a `{ ]` is JSON.parse's to refuse.
+ * `limit`. Brackets are only counted, not matched: a `{ ]` is JSON.parse's to refuse. One plain
+ * loop over the bytes: calling out per string (indexOf) costs three times as much on Kubernetes
+ * objects, whose strings are short.
  */
 function compositeEnd(buf: Buffer, i: number, limit: number): number {
   let depth = 0;
+  let inString = false;
   for (let j = i; j < limit; j++) {
     const b = buf[j];
-    if (b === QUOTE) {
-      j = stringEnd(buf, j);
-      if (j < 0 || j >= limit) return -1;
+    if (inString) {
+      if (b === BACKSLASH) j++;
+      else if (b === QUOTE) inString = false;
+    } else if (b === QUOTE) {
+      inString = true;
     } else if (b === LBRACE || b === LBRACKET) {
       depth++;
     } else if (b === RBRACE || b === RBRACKET) {

@@ -93,10 +93,9 @@ export class ManifestReader {
       return delta;
     }
     const docs = parseDocuments(buf.toString('utf8'), this.file);
-    const manifest = manifestOf(docs, this.file);
     this.last = buf;
     this.index = docs.length === 1 ? indexOf(buf, docs[0], this.file) : undefined;
-    return { kind: 'full', manifest };
+    return { kind: 'full', manifest: this.index ? joined(this.index.items) : manifestOf(docs, this.file) };
   }
 
   /** Forget the last version: the next read is parsed whole and reported as full. */
@@ -216,6 +215,17 @@ function holdersOf(index: Index, prefix: string, key: string): Array<V1Service |
   for (const item of index.items) {
     const objs = prefix === SERVICE ? item.manifest.services : item.manifest.endpointSlices;
     for (const obj of objs) if (keyOf(prefix, obj) === key) out.push(obj);
+  }
+  return out;
+}
+
+/** The items' manifests joined in file order: what manifestOf gives for the whole list. */
+function joined(items: readonly Item[]): Manifest {
+  const out: Manifest = { services: [], endpointSlices: [], problems: [] };
+  for (const { manifest: m } of items) {
+    for (const s of m.services) out.services.push(s);
+    for (const s of m.endpointSlices) out.endpointSlices.push(s);
+    for (const p of m.problems) out.problems.push(p);
   }
   return out;
 }
