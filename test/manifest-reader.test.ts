@@ -233,6 +233,7 @@ describe('ManifestReader', () => {
     const text = (port: number): Buffer => Buffer.from(JSON.stringify({ apiVersion: 'v1', kind: 'ServiceList', items: [named(svc(80), 'web0'), named(svc(81), 'web1'), svc(port)] }));
     const reader = new ManifestReader(FILE);
     expect(reader.read(text(80))?.kind).toBe('full');
+    reader.prepare(); // indexed ahead of the edit, as the file source does once start-up is over
     const change = reader.read(text(90));
     expect(change?.kind).toBe('delta');
     expect(change?.kind === 'delta' && change.upsertServices.map((s) => s.spec?.ports?.[0]?.port)).toEqual([90]);

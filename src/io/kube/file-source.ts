@@ -41,6 +41,11 @@ export interface FileSourceOptions {
   settleMs?: number;
   /** fs.watchFile interval; default 1000. */
   pollIntervalMs?: number;
+  /**
+   * After a whole read, how long to wait before indexing it for fast edits (manifest-reader.ts);
+   * default 3000, past the first sync, so start-up does not wait for it.
+   */
+  indexAfterMs?: number;
 }
 
 export class FileSource {
@@ -52,7 +57,9 @@ export class FileSource {
   private readonly debounceMs: number;
   private readonly settleMs: number;
   private readonly pollIntervalMs: number;
+  private readonly indexAfterMs: number;
   private readonly reader: ManifestReader;
+  private indexTimer: NodeJS.Timeout | undefined;
   private sink: StateSink | undefined;
   private dirWatcher: FSWatcher | undefined;
   private timer: NodeJS.Timeout | undefined;
@@ -76,6 +83,7 @@ export class FileSource {
     this.debounceMs = opts.debounceMs ?? 100;
     this.settleMs = opts.settleMs ?? 5;
     this.pollIntervalMs = opts.pollIntervalMs ?? 1000;
+    this.indexAfterMs = opts.indexAfterMs ?? 3000;
     this.reader = new ManifestReader(opts.path);
     this.synced = new Promise((resolve) => {
       this.resolveSynced = resolve;
@@ -95,6 +103,7 @@ export class FileSource {
     this.stopped = true;
     if (this.timer) clearTimeout(this.timer);
     this.timer = undefined;
+    if (this.indexTimer) clearTimeout(this.indexTimer);
     this.dirWatcher?.close();
     this.dirWatcher = undefined;
     unwatchFile(this.path, this.onPoll);
@@ -225,6 +234,10 @@ export class FileSource {
       return;
     }
     this.loadedOnce = true;
+    if (change.kind === 'full') {
+      if (this.indexTimer) clearTimeout(this.indexTimer);
+      this.indexTimer = setTimeout(() => this.reader.prepare(), this.indexAfterMs).unref();
+    }
     const changed = change.kind === 'full' ? 'all' : change.upsertServices.length + change.upsertEndpointSlices.length + change.deleteServices.length + change.deleteEndpointSlices.length;
     this.log.info({ file: this.path, ...counts, changed }, 'loaded state file');
   }
