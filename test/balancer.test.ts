@@ -56,6 +56,15 @@ describe('RoundRobinBalancer: round-robin', () => {
     expect(lb.endpoints).toEqual([]);
   });
 
+  it('says whether picks use the client IP: only with ClientIP affinity', () => {
+    const { lb } = setup();
+    expect(lb.usesClientIP).toBe(false);
+    lb.setAffinity(clientIP(60));
+    expect(lb.usesClientIP).toBe(true);
+    lb.setAffinity(NONE);
+    expect(lb.usesClientIP).toBe(false);
+  });
+
   it('cycles through the list in order', () => {
     const { lb, picks } = setup();
     lb.setEndpoints([A, B, C]);

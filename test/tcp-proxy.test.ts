@@ -1,6 +1,7 @@
 import { execFileSync } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
 import { closeSync, openSync, readFileSync } from 'node:fs';
+import { connect, type Socket } from 'node:net';
 import { afterEach, describe, expect, it } from 'vitest';
 import type { LoadBalancer } from '../src/core/balancer/load-balancer.js';
 import { type Endpoint, toEndpoint } from '../src/core/model.js';
@@ -195,6 +196,18 @@ describe('TcpProxySocket: proxying', () => {
     expect(proxy.stats.dialFailures.timeout).toBe(3);
     expect(proxy.stats.dialExhausted).toBe(1);
   });
+  it('takes a dialer that throws for one that rejects: retried, then the client is reset', async () => {
+    const dialer: Dialer = {
+      dial: () => {
+        throw Object.assign(new Error('bad port'), { code: 'ERR_SOCKET_BAD_PORT' });
+      },
+    };
+    const { proxy, port } = await proxyFor(FakeBalancer.of([1, 2]), { dialer, dialTimeoutsMs: [10, 20] });
+    expect((await clientOutcome(port)).code).toBe('ECONNRESET');
+    await drained(proxy);
+    expect(proxy.stats).toMatchObject({ dialAttempts: 2, dialExhausted: 1, active: 0 });
+    expect(proxy.stats.dialFailures.other).toBe(2);
+  });
 });
 
 describe('TcpProxySocket: half-close and bulk data', () => {
@@ -243,6 +256,97 @@ describe('TcpProxySocket: half-close and bulk data', () => {
     await drained(proxy);
     expect(proxy.stats.bytesToEndpoint).toBe(10 * MiB);
     expect(proxy.stats.bytesToClient).toBe(10 * MiB);
+  });
+});
+
+describe('TcpProxySocket: the endpoint-to-client path (one shared read buffer)', () => {
+  /**
+   * The endpoint's bytes are read into one buffer shared by every connection and copied out before
+   * they are written on. Slow readers make the writes to the clients go asynchronous (and the reads
+   * stop and resume); two connections at once make each read land where the other's just was.
+   */
+  it('delivers every byte to slow readers on two connections at once', async () => {
+    const replies = [randomBytes(8 * MiB), randomBytes(8 * MiB)];
+    let next = 0;
+    const peer = await backend(LO, (s) => {
+      const reply = replies[next++] as Buffer;
+      s.resume(); // the client's request is not needed
+      s.end(reply);
+    });
+    const { proxy, port } = await proxyFor(FakeBalancer.of([peer.port]));
+
+    const readSlowly = async (): Promise<Buffer> => {
+      const socket = connect({ port, host: LO, allowHalfOpen: true });
+      const chunks: Buffer[] = [];
+      socket.on('data', (chunk: Buffer) => {
+        chunks.push(chunk);
+        // A pause per chunk of about 1 ms lets the proxy's writes back up.
+        socket.pause();
+        setTimeout(() => socket.resume(), 1);
+      });
+      socket.end('send it');
+      await withDeadline(new Promise((resolve, reject) => socket.on('end', resolve).on('error', reject)), 30_000, 'the slow read');
+      socket.destroy();
+      return Buffer.concat(chunks);
+    };
+    const got = await Promise.all([readSlowly(), readSlowly()]);
+    // Which connection got which reply depends on accept order; the set must match byte for byte.
+    expect(got.map(sha256).sort()).toEqual(replies.map(sha256).sort());
+    await drained(proxy);
+    expect(proxy.stats.bytesToClient).toBe(16 * MiB);
+  });
+
+  it("passes the endpoint's FIN on while the client keeps sending", async () => {
+    let serverGot!: (text: string) => void;
+    const received = new Promise<string>((resolve) => (serverGot = resolve));
+    const early = await backend(LO, (s) => {
+      let text = '';
+      s.setEncoding('utf8');
+      s.on('data', (d: string) => (text += d));
+      s.on('end', () => serverGot(text));
+      s.end('bye first');
+    });
+    const { proxy, port } = await proxyFor(FakeBalancer.of([early.port]));
+    const { socket, got } = await connectTo(port);
+    expect((await withDeadline(got.ended, 5000, "the endpoint's FIN")).toString()).toBe('bye first');
+    socket.write('still ');
+    socket.end('talking');
+    expect(await withDeadline(received, 5000, 'the client data after the FIN')).toBe('still talking');
+    await drained(proxy);
+    socket.destroy();
+  });
+});
+
+describe('TcpProxySocket: the client address', () => {
+  /** Records what the proxy asks, and dials directly. */
+  class RecordingDialer extends DirectDialer {
+    readonly seen: { clientAddress: string; clientPort: number; localAddress: string; localPort: number }[] = [];
+    override dial(req: DialRequest): Promise<Socket> {
+      this.seen.push({ clientAddress: req.clientAddress, clientPort: req.clientPort, localAddress: req.localAddress, localPort: req.localPort });
+      return super.dial(req);
+    }
+  }
+
+  it('is not looked up for a balancer without client affinity, yet a dialer that asks gets it', async () => {
+    const echo = await backend();
+    const balancer = FakeBalancer.of([echo.port]); // not sticky: picks ignore the client
+    const dialer = new RecordingDialer();
+    const { proxy, port } = await proxyFor(balancer, { dialer });
+    const { socket, got } = await connectTo(port);
+    const clientPort = socket.localPort;
+    socket.end('who');
+    expect((await withDeadline(got.ended, 5000, 'the echo')).toString()).toBe('who');
+    await drained(proxy);
+    expect(balancer.calls).toEqual([{ clientIP: '', reset: false, picked: `${LO}:${echo.port}` }]);
+    expect(dialer.seen).toEqual([{ clientAddress: LO, clientPort, localAddress: LO, localPort: port }]);
+  });
+
+  it('is handed to a balancer with client affinity', async () => {
+    const echo = await backend();
+    const balancer = FakeBalancer.of([echo.port], { sticky: true });
+    const { port } = await proxyFor(balancer);
+    expect((await exchange(port, 'me')).toString()).toBe('me');
+    expect(balancer.calls.map((c) => c.clientIP)).toEqual([LO]);
   });
 });
 

@@ -30,6 +30,11 @@ export class FakeBalancer implements LoadBalancer {
     return new FakeBalancer(ports.map((port) => toEndpoint({ ip, port })), opts.sticky ?? false);
   }
 
+  /** Sticky picks need the client; the others record it only when the proxy knows it anyway. */
+  get usesClientIP(): boolean {
+    return this.sticky;
+  }
+
   setEndpoints(endpoints: readonly Endpoint[]): void {
     this.endpoints = endpoints;
     this.index = 0;

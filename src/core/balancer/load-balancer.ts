@@ -10,6 +10,11 @@ export interface LoadBalancer {
   /** The current endpoint set, in the order the balancer hands them out. */
   readonly endpoints: readonly Endpoint[];
   /**
+   * Whether a pick depends on the client's IP (ClientIP affinity). When false, a caller may pass ''
+   * and spare finding the address out (for TCP a getpeername() per connection).
+   */
+  readonly usesClientIP: boolean;
+  /**
    * Replace the endpoint set. When the set (compared by `addr`, ignoring order) is unchanged nothing
    * moves; when it changed the list is reshuffled and the index reset, and affinity entries whose
    * endpoint left are dropped.

@@ -37,6 +37,10 @@ export class RoundRobinBalancer implements LoadBalancer {
     return this.list;
   }
 
+  get usesClientIP(): boolean {
+    return this.affinityType !== 'None';
+  }
+
   setEndpoints(endpoints: readonly Endpoint[]): void {
     const byAddr = uniqueByAddr(endpoints);
     if (sameAddrs(this.list, byAddr)) return;

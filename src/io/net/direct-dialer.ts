@@ -9,7 +9,7 @@ import type { Dialer, DialRequest } from './dialer.js';
 export class DirectDialer implements Dialer {
   dial(req: DialRequest): Promise<Socket> {
     return new Promise((resolve, reject) => {
-      const socket = connect({ host: req.endpoint.ip, port: req.endpoint.port, allowHalfOpen: true, noDelay: true });
+      const socket = connect({ host: req.endpoint.ip, port: req.endpoint.port, allowHalfOpen: true, noDelay: true, onread: req.onread });
       const onError = (err: Error): void => {
         clearTimeout(timer);
         reject(err);

@@ -1,12 +1,14 @@
-import type { Socket } from 'node:net';
+import type { OnReadOpts, Socket } from 'node:net';
 import type { Endpoint } from '../../core/model.js';
 
 /** One accepted client and, once dialed, its endpoint connection. */
 export interface TcpConn {
   readonly client: Socket;
-  /** Kept from accept: the socket forgets its peer once closed. */
+  /**
+   * Kept from accept (the socket forgets its peer once closed), when the balancer or the debug
+   * log needs it; '' otherwise.
+   */
   readonly clientIP: string;
-  readonly clientPort: number;
   upstream: Socket | undefined;
   endpoint: Endpoint | undefined;
   /** A dial (with its retries) is in flight; it holds the connection open. */
@@ -31,18 +33,64 @@ export function relay(from: Socket, to: Socket): void {
   from.on('data', (chunk: Buffer) => {
     if (!to.write(chunk)) from.pause();
   });
+  relayEnd(from, to);
+  from.resume();
+}
+
+/**
+ * The endpoint-to-client direction of a connection whose endpoint socket delivers its bytes
+ * through `readInto(to)` (net.connect's onread): the reads already reach `to`, so what is left is
+ * backpressure's other half and the FIN.
+ */
+export function relayEnd(from: Socket, to: Socket): void {
+  // A read callback that returned false stopped reading; resume() starts it again.
   to.on('drain', () => from.resume());
   from.on('end', () => passEnd(to));
-  from.resume();
+}
+
+/**
+ * The one buffer every endpoint socket of the process reads into. Node's default read path
+ * allocates a 64 KiB buffer per read, wraps it in a stream chunk and emits 'data'; here a read lands
+ * in memory that is always there and goes straight to the write. It is shared, so the bytes are
+ * copied out before they are written on: a write that does not complete at once keeps a reference
+ * to what it was given, and the next read, on any connection, would overwrite them. (A buffer per
+ * connection would spare the copy but cost 64 KiB for every idle connection.)
+ */
+const sharedReadBuffer = new Uint8Array(64 * 1024);
+
+/**
+ * net.connect's `onread` for an endpoint socket whose bytes go to `to`. Returning false, when `to`
+ * buffers past its high-water mark, makes Node stop reading until relayEnd's 'drain' resumes it.
+ */
+export function readInto(to: Socket): OnReadOpts {
+  return {
+    buffer: sharedReadBuffer,
+    callback: (bytes: number, buf: Uint8Array): boolean => {
+      const chunk = Buffer.allocUnsafe(bytes); // from Node's pool when small
+      chunk.set(bytes === buf.length ? buf : buf.subarray(0, bytes));
+      return to.write(chunk);
+    },
+  };
 }
 
 /**
  * Pass a FIN on. When `to`'s own peer has already ended and nothing waits to be written, both
  * directions are done: closing the socket sends the FIN itself, which spares a shutdown() and the
  * stream's finish round (the second FIN of every short connection). Otherwise end() half-closes.
+ *
+ * Both FINs often arrive in the same poll round (a reply ends the endpoint's side, and the client
+ * closes as soon as it has read it), but 'end' is emitted per socket as each read is handled:
+ * when `to` has not ended yet, the choice waits for the end of the round (setImmediate), by which
+ * time every read of the round has been handled.
  */
 function passEnd(to: Socket): void {
-  if (to.readableEnded && to.writableLength === 0 && !to.destroyed) to.destroy();
+  if (to.readableEnded) endOrClose(to);
+  else setImmediate(endOrClose, to);
+}
+
+function endOrClose(to: Socket): void {
+  if (to.destroyed) return;
+  if (to.readableEnded && to.writableLength === 0) to.destroy();
   else to.end();
 }
 

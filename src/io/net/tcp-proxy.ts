@@ -1,14 +1,14 @@
-import { createServer, isIPv4, type AddressInfo, type Server, type Socket } from 'node:net';
+import { createServer, isIPv4, type AddressInfo, type OnReadOpts, type Server, type Socket } from 'node:net';
 import type { LoadBalancer } from '../../core/balancer/load-balancer.js';
 import type { Endpoint } from '../../core/model.js';
 import { ServicePortStats } from '../../core/stats.js';
 import type { Logger } from '../../log.js';
-import type { Dialer } from './dialer.js';
+import type { Dialer, DialRequest } from './dialer.js';
 import { dialFailureReason, isOutOfDescriptors } from './errno.js';
 import { listenKey } from './listen-key.js';
 import type { BoundAddress, ListenAddress, ProxySocket } from './proxy-socket.js';
 import { RateLimiter } from './rate-limiter.js';
-import { relay, resetSocket, type TcpConn } from './tcp-conn.js';
+import { readInto, relay, relayEnd, resetSocket, type TcpConn } from './tcp-conn.js';
 
 /** Upstream's endpointDialTimeout: one attempt per entry, each on a freshly picked endpoint. */
 export const DEFAULT_DIAL_TIMEOUTS_MS: readonly number[] = [250, 500, 1000, 2000];
@@ -125,20 +125,17 @@ export class TcpProxySocket implements ProxySocket {
 
   private accept(client: Socket): void {
     this.stats.accepted++;
-    const clientIP = client.remoteAddress;
-    if (clientIP === undefined) {
-      client.destroy(); // the client left before we saw it
-      return;
+    // The client's address costs a getpeername(): asked only when a pick or a debug line uses it.
+    let clientIP = '';
+    if (this.balancer.usesClientIP || this.debugEnabled()) {
+      const ip = client.remoteAddress;
+      if (ip === undefined) {
+        client.destroy(); // the client left before we saw it
+        return;
+      }
+      clientIP = ip;
     }
-    const conn: TcpConn = {
-      client,
-      clientIP,
-      clientPort: client.remotePort ?? 0,
-      upstream: undefined,
-      endpoint: undefined,
-      dialing: false,
-      holds: 1,
-    };
+    const conn: TcpConn = { client, clientIP, upstream: undefined, endpoint: undefined, dialing: false, holds: 1 };
     this.conns.add(conn);
     this.stats.active++;
     client.on('error', (err) => this.onSideError(conn, 'client', err));
@@ -158,55 +155,49 @@ export class TcpProxySocket implements ProxySocket {
     }
     conn.dialing = true;
     conn.holds++;
-    this.dialWithRetries(conn, endpoint).catch((err: unknown) => {
-      this.log.error({ err }, 'bug: dial loop failed');
-      resetSocket(conn.client);
-      this.endDial(conn);
-    });
+    this.dial(conn, endpoint, 0);
   }
 
   /**
    * Upstream tryConnect: one attempt per dial timeout, each after the first on an endpoint picked
-   * afresh with sessionAffinityReset, so a sticky client is not stuck on a dead endpoint.
+   * afresh with sessionAffinityReset, so a sticky client is not stuck on a dead endpoint. Plain
+   * promise callbacks rather than an async loop: this runs for every connection.
    */
-  private async dialWithRetries(conn: TcpConn, first: Endpoint): Promise<void> {
-    for (let attempt = 0; attempt < this.dialTimeoutsMs.length; attempt++) {
-      const endpoint = attempt === 0 ? first : this.balancer.nextEndpoint(conn.clientIP, true);
-      if (endpoint === undefined) break;
-      let upstream: Socket;
-      try {
-        upstream = await this.dialOnce(conn, endpoint, this.dialTimeoutsMs[attempt] as number);
-      } catch (err) {
-        this.onDialFailed(conn, endpoint, err);
-        // Another endpoint would fail the same way, and a client that is gone needs no endpoint.
-        if (isOutOfDescriptors(err) || conn.client.destroyed) break;
-        continue;
-      }
-      this.splice(conn, endpoint, upstream);
-      return;
-    }
-    this.giveUp(conn);
-  }
-
-  private async dialOnce(conn: TcpConn, endpoint: Endpoint, timeoutMs: number): Promise<Socket> {
+  private dial(conn: TcpConn, endpoint: Endpoint, attempt: number): void {
     this.stats.dialAttempts++;
     const started = performance.now();
-    const client = conn.client;
-    const upstream = await this.dialer.dial({
-      endpoint,
-      clientAddress: conn.clientIP,
-      clientPort: conn.clientPort,
-      // Read on demand: each is a getsockname() call, and the direct dialer never asks.
-      get localAddress() {
-        return client.localAddress ?? '';
+    let dialed: Promise<Socket>;
+    try {
+      dialed = this.dialer.dial(new ClientDial(conn.client, conn.clientIP, endpoint, this.dialTimeoutsMs[attempt] as number));
+    } catch (err) {
+      dialed = Promise.reject(err); // a dialer that throws has failed like one that rejects
+    }
+    dialed.then(
+      (upstream) => {
+        this.stats.observeDialLatency((performance.now() - started) / 1000);
+        this.guard(conn, () => this.splice(conn, endpoint, upstream));
       },
-      get localPort() {
-        return client.localPort ?? 0;
-      },
-      timeoutMs,
-    });
-    this.stats.observeDialLatency((performance.now() - started) / 1000);
-    return upstream;
+      (err: unknown) => this.guard(conn, () => this.retry(conn, endpoint, attempt, err)),
+    );
+  }
+
+  private retry(conn: TcpConn, failed: Endpoint, attempt: number, err: unknown): void {
+    this.onDialFailed(conn, failed, err);
+    // Another endpoint would fail the same way, and a client that is gone needs no endpoint.
+    const next = attempt + 1 < this.dialTimeoutsMs.length && !isOutOfDescriptors(err) && !conn.client.destroyed ? this.balancer.nextEndpoint(conn.clientIP, true) : undefined;
+    if (next === undefined) this.giveUp(conn);
+    else this.dial(conn, next, attempt + 1);
+  }
+
+  /** A throw in the dial path is a bug: it must not end the process, nor leave the client hanging. */
+  private guard(conn: TcpConn, step: () => void): void {
+    try {
+      step();
+    } catch (err) {
+      this.log.error({ err }, 'bug: dial loop failed');
+      resetSocket(conn.client);
+      this.endDial(conn);
+    }
   }
 
   private onDialFailed(conn: TcpConn, endpoint: Endpoint, err: unknown): void {
@@ -245,7 +236,7 @@ export class TcpProxySocket implements ProxySocket {
     }
     if (this.debugEnabled()) this.log.debug({ client: conn.clientIP, endpoint: endpoint.addr }, 'connected');
     relay(conn.client, upstream);
-    relay(upstream, conn.client);
+    relayEnd(upstream, conn.client);
   }
 
   /**
@@ -289,5 +280,40 @@ export class TcpProxySocket implements ProxySocket {
     const held = this.fdWarnings.take();
     if (held === undefined) return;
     this.log.warn({ err, during, suppressed: held }, 'out of file descriptors: connection dropped');
+  }
+}
+
+/**
+ * One dial for one client. The addresses are read only if the dialer asks: each is a
+ * getpeername() or getsockname(), and the direct dialer asks for none.
+ */
+class ClientDial implements DialRequest {
+  readonly onread: OnReadOpts;
+
+  constructor(
+    private readonly client: Socket,
+    private readonly clientIP: string,
+    readonly endpoint: Endpoint,
+    readonly timeoutMs: number,
+  ) {
+    // The endpoint's bytes go to the client from the first read; nothing reads the client until
+    // splice(), and no read can come before it (the dial resolves in the 'connect' callback).
+    this.onread = readInto(client);
+  }
+
+  get clientAddress(): string {
+    return this.clientIP || (this.client.remoteAddress ?? '');
+  }
+
+  get clientPort(): number {
+    return this.client.remotePort ?? 0;
+  }
+
+  get localAddress(): string {
+    return this.client.localAddress ?? '';
+  }
+
+  get localPort(): number {
+    return this.client.localPort ?? 0;
   }
 }
