@@ -216,7 +216,7 @@ describe('bench harness, a brief run', () => {
     expectWellFormed(r);
     const failed = r.runs.filter((x) => x.error);
     expect(failed, log).toEqual([]);
-    for (const w of ['tcp-bulk', 'http-keepalive', 'http-close', 'udp-pingpong', 'dns']) {
+    for (const w of ['tcp-bulk', 'tcp-bulk-down', 'http-keepalive', 'http-close', 'udp-pingpong', 'dns']) {
       const systems = new Set(r.runs.filter((x) => x.workload === w).map((x) => x.system));
       expect([...systems].sort(), w).toEqual(w === 'udp-pingpong' || w === 'dns' ? ['direct', 'nginx', 'proxy'] : ['direct', 'haproxy', 'nginx', 'proxy']);
     }

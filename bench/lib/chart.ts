@@ -48,7 +48,8 @@ function targetStanding(workload: string, metric: string): number | undefined {
 
 /** What the chart shows per workload (the table and the JSON have every metric). */
 const CHARTED: Readonly<Record<string, { name: string; metrics: readonly string[] }>> = {
-  'tcp-bulk': { name: 'TCP bulk', metrics: ['gbps', 'cpuPerOp'] },
+  'tcp-bulk': { name: 'TCP bulk, upload', metrics: ['gbps', 'cpuPerOp'] },
+  'tcp-bulk-down': { name: 'TCP bulk, download', metrics: ['gbps', 'cpuPerOp'] },
   'http-keepalive': { name: 'keep-alive HTTP', metrics: ['rps', 'p99Ms', 'cpuPerOp'] },
   'http-close': { name: 'short connections', metrics: ['cps', 'p99Ms', 'cpuPerOp'] },
   'udp-pingpong': { name: 'UDP ping-pong', metrics: ['avgUs', 'p99Us', 'cpuPerOp'] },

@@ -1,7 +1,7 @@
 import { parseArgs } from 'node:util';
 import { SYSTEM_IDS, type SystemId } from './plan.js';
 
-export const LOAD_WORKLOADS = ['tcp-bulk', 'http-keepalive', 'http-close', 'udp-pingpong', 'dns'] as const;
+export const LOAD_WORKLOADS = ['tcp-bulk', 'tcp-bulk-down', 'http-keepalive', 'http-close', 'udp-pingpong', 'dns'] as const;
 export const SCALE_WORKLOADS = ['scale-start', 'endpoint-move', 'idle-conns'] as const;
 export type LoadWorkloadId = (typeof LOAD_WORKLOADS)[number];
 export type ScaleWorkloadId = (typeof SCALE_WORKLOADS)[number];

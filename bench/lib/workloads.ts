@@ -48,31 +48,39 @@ async function wrk(ctx: Context, target: HostPort, durationS: number, close: boo
   return { [close ? 'cps' : 'rps']: rate, p50Ms: r.p50Us / 1000, p99Ms: r.p99Us / 1000, maxMs: r.maxUs / 1000, errors: r.errors };
 }
 
-const tcpBulk: LoadWorkload = {
-  id: 'tcp-bulk',
-  title: 'TCP bulk throughput, one stream (iperf3)',
-  service: 'iperf',
-  tools: ['iperf3'],
-  metrics: [
-    { key: 'gbps', label: 'throughput', unit: 'Gbit/s', better: 'higher' },
-    { key: 'retransmits', label: 'retransmits', unit: '', better: 'none' },
-  ],
-  opsPerSecond: (m) => (m.gbps ?? NaN) / 8,
-  perOp: { label: 'CPU per GB', unit: 'ms', scale: 1e3 },
-  async run(ctx, target, durationS) {
-    const args = ['-c', target.host, '-p', String(target.port), '-t', String(durationS), '-J'];
-    // The server takes one test at a time; the previous one may still be closing.
-    for (let attempt = 0; ; attempt++) {
-      try {
-        const r = parseIperf3(await tool(ctx, 'iperf3', args, durationS));
-        return { gbps: r.gbps, retransmits: r.retransmits };
-      } catch (err) {
-        if (attempt >= 3 || !/busy/.test((err as Error).message)) throw err;
-        await sleep(500);
+/**
+ * iperf3, one stream for `durationS`. Upload: client to server, the client-to-endpoint direction
+ * (the proxy reads accepted sockets). Download (`-R`): server to client, the endpoint-to-client
+ * direction (the proxy reads dialed sockets), which is where most Service traffic flows.
+ */
+function tcpBulk(direction: 'up' | 'down'): LoadWorkload {
+  return {
+    id: direction === 'up' ? 'tcp-bulk' : 'tcp-bulk-down',
+    title: direction === 'up' ? 'TCP bulk throughput, one stream, client to server (iperf3)' : 'TCP bulk throughput, one stream, server to client (iperf3 -R)',
+    service: 'iperf',
+    tools: ['iperf3'],
+    metrics: [
+      { key: 'gbps', label: 'throughput', unit: 'Gbit/s', better: 'higher' },
+      { key: 'retransmits', label: 'retransmits', unit: '', better: 'none' },
+    ],
+    opsPerSecond: (m) => (m.gbps ?? NaN) / 8,
+    perOp: { label: 'CPU per GB', unit: 'ms', scale: 1e3 },
+    async run(ctx, target, durationS) {
+      const args = ['-c', target.host, '-p', String(target.port), '-t', String(durationS), '-J'];
+      if (direction === 'down') args.push('-R');
+      // The server takes one test at a time; the previous one may still be closing.
+      for (let attempt = 0; ; attempt++) {
+        try {
+          const r = parseIperf3(await tool(ctx, 'iperf3', args, durationS));
+          return { gbps: r.gbps, retransmits: r.retransmits };
+        } catch (err) {
+          if (attempt >= 3 || !/busy/.test((err as Error).message)) throw err;
+          await sleep(500);
+        }
       }
-    }
-  },
-};
+    },
+  };
+}
 
 const httpKeepAlive: LoadWorkload = {
   id: 'http-keepalive',
@@ -146,4 +154,4 @@ const dns: LoadWorkload = {
   },
 };
 
-export const LOAD_WORKLOAD_DEFS: readonly LoadWorkload[] = [tcpBulk, httpKeepAlive, httpClose, udpPingPong, dns];
+export const LOAD_WORKLOAD_DEFS: readonly LoadWorkload[] = [tcpBulk('up'), tcpBulk('down'), httpKeepAlive, httpClose, udpPingPong, dns];
