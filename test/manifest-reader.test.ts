@@ -75,6 +75,8 @@ describe('scanList', () => {
     no('{"items":[{"a":"unterminated}]}');
     no('[{"items":[]}]');
     no('kind: List\nitems: []\n');
+    // JSON.parse reads an escaped key as `items` too, and keeps the last of two.
+    no('{"items":[{}],"\\u0069tems":[{}]}');
     expect(scanList(Buffer.from('{"items":[]}'))?.items).toEqual([]);
   });
 });
@@ -237,6 +239,20 @@ describe('ManifestReader', () => {
     const change = reader.read(text(90));
     expect(change?.kind).toBe('delta');
     expect(change?.kind === 'delta' && change.upsertServices.map((s) => s.spec?.ports?.[0]?.port)).toEqual([90]);
+  });
+
+  it('follows the items array JSON.parse keeps when an escaped key names it a second time', () => {
+    const svc = (name: string, port: number): string => JSON.stringify(service({ name, ports: [{ port }] }));
+    const text = (port: number): string => `{"apiVersion":"v1","kind":"List","items":[${svc('a', port)}],"\\u0069tems":[${svc('b', 80)}]}`;
+    const reader = new ManifestReader(FILE);
+    const model = new Model();
+    for (const port of [80, 81, 82]) {
+      const change = reader.read(Buffer.from(text(port)));
+      if (change) model.apply(change);
+      reader.prepare();
+      expect(model.view()).toEqual(Model.of(parseManifest(text(port), FILE)).view());
+    }
+    expect([...model.services.keys()]).toEqual(['default/b']);
   });
 
   it('parses YAML whole every time', () => {

@@ -131,6 +131,10 @@ export function scanList(buf: Buffer): ListLayout | undefined {
     if (buf[i] !== QUOTE) return undefined;
     const keyEnd = stringEnd(buf, i);
     if (keyEnd < 0) return undefined;
+    // An escaped key may spell `items` (`"\u0069tems"`), and JSON.parse keeps the last of two:
+    // the bytes would then name the wrong array.
+    const escape = buf.indexOf(BACKSLASH, i);
+    if (escape >= 0 && escape < keyEnd) return undefined;
     const isItems = keyEnd + 1 - i === ITEMS_KEY.length && buf.compare(ITEMS_KEY, 0, ITEMS_KEY.length, i, keyEnd + 1) === 0;
     i = skipSpace(buf, keyEnd + 1, n);
     if (buf[i] !== COLON) return undefined;
