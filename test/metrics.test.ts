@@ -314,6 +314,22 @@ async function waitForValue(name: string, labels: Record<string, string>, want: 
   }
 }
 
+describe('no-local-endpoints', () => {
+  it('shows the proxier\'s counts after every sync, also a change that arrived during the one before', async () => {
+    let counts = { internal: 0, external: 0 };
+    const fake = { unitStats: () => [], onSync: [] as Array<(s: SyncSummary) => void>, lastSyncAt: 0, pendingSince: undefined, noLocalEndpoints: () => counts };
+    const m = attachMetrics(new HttpServer(silentLogger()), fake, { processMetrics: false });
+    const sync: SyncSummary = { services: 1, units: 1, opened: 0, closed: 0, recreated: 0, updated: 1, listenErrors: 0, portalErrors: 0, durationMs: 1 };
+    for (const cb of fake.onSync) cb(sync);
+    // The proxier counted the change at its next sync; no sink event came between the two syncs.
+    counts = { internal: 1, external: 2 };
+    for (const cb of fake.onSync) cb(sync);
+    const text = await m.render();
+    expect(value(text, 'kubeproxy_sync_proxy_rules_no_local_endpoints_total', { traffic_policy: 'internal' })).toBe(1);
+    expect(value(text, 'kubeproxy_sync_proxy_rules_no_local_endpoints_total', { traffic_policy: 'external' })).toBe(2);
+  });
+});
+
 describe('the ledger behind the per-service-port series', () => {
   const labels = { servicePort: 'default/a:http', protocol: 'TCP', scope: 'all' };
 

@@ -61,8 +61,6 @@ export class ProxyMetrics implements SinkObserver, ProbeObserver {
   private running = 0;
   /** Network programming latency: which slice changes are new, and when a sync applied them. */
   private readonly latency: ProgrammingLatencyTracker;
-  /** Something changed since no-local-endpoints was last counted. */
-  private changedSinceCount = true;
 
   private readonly syncDuration: Histogram;
   private readonly lastSynced: Gauge;
@@ -146,7 +144,6 @@ export class ProxyMetrics implements SinkObserver, ProbeObserver {
   }
 
   private queued(): void {
-    this.changedSinceCount = true;
     // kube-proxy queues syncs (and stamps this gauge) once initialized: after the first sync.
     if (this.proxier.lastSyncAt !== undefined) this.lastQueued.set(this.wallNow() / 1000);
   }
@@ -159,12 +156,11 @@ export class ProxyMetrics implements SinkObserver, ProbeObserver {
     const now = this.wallNow();
     this.lastSynced.set(now / 1000);
     this.latency.synced(s);
-    if (this.changedSinceCount) {
-      this.changedSinceCount = false;
-      const counts = this.proxier.noLocalEndpoints();
-      this.noLocalEndpoints.set({ traffic_policy: 'internal' }, counts.internal);
-      this.noLocalEndpoints.set({ traffic_policy: 'external' }, counts.external);
-    }
+    // The proxier keeps these counts per Service as it syncs: reading them is free, and a change
+    // that arrived during this sync shows at the next one.
+    const counts = this.proxier.noLocalEndpoints();
+    this.noLocalEndpoints.set({ traffic_policy: 'internal' }, counts.internal);
+    this.noLocalEndpoints.set({ traffic_policy: 'external' }, counts.external);
   }
 
   /** What is read from the reading rather than recorded: the service-port count and node-wide dial latency. */
