@@ -248,6 +248,22 @@ describe('FileSource', () => {
     expect(lines.filter((l) => l.level >= ERROR)).toEqual([]);
   });
 
+  it('applies a YAML file at start even while other files in its directory keep changing', async () => {
+    const yaml = 'apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}\n';
+    const { dir, path, source, sink } = await setup({ debounceMs: 400 });
+    await writeFile(path, yaml);
+    // A ConfigMap volume's other keys, an editor's swap file: events in the directory during start-up.
+    let writing = true;
+    const churn = (async () => {
+      for (let i = 0; writing && i < 500; i++) await writeFile(join(dir, 'other'), String(i));
+    })();
+    await source.start(sink);
+    const atSynced = sink.calls.replace;
+    writing = false;
+    await churn;
+    expect(atSynced).toBe(1);
+  });
+
   it('stops watching on stop()', async () => {
     const { source, sink } = await setup({ initial: state('web') });
     await source.start(sink);

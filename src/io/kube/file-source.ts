@@ -66,6 +66,12 @@ export class FileSource {
   private loading: Promise<void> | undefined;
   private reloadAgain = false;
   private stopped = false;
+  /**
+   * Set once the first read has been judged. That read is taken as final whatever the watchers
+   * saw meanwhile (a sibling file of a ConfigMap volume, an editor's swap file): it is what
+   * `synced` promises, and the proxier programs nothing until then.
+   */
+  private started = false;
   /** performance.now() of the last watcher event. */
   private lastEventAt = -Infinity;
   /** Content that failed to parse and was reported: not parsed or reported again. */
@@ -96,6 +102,7 @@ export class FileSource {
     this.armDirWatcher();
     watchFile(this.path, { persistent: true, interval: this.pollIntervalMs }, this.onPoll);
     await this.runLoad();
+    this.started = true;
     this.resolveSynced();
   }
 
@@ -163,7 +170,7 @@ export class FileSource {
     const buf = await this.read();
     if (buf === undefined || this.stopped || this.failed?.equals(buf)) return;
     // Milliseconds until the file has been quiet for debounceMs (<= 0: it has).
-    const unquietMs = this.debounceMs - (performance.now() - this.lastEventAt);
+    const unquietMs = this.started ? this.debounceMs - (performance.now() - this.lastEventAt) : 0;
     if (unquietMs > 0 && !startsLikeJson(buf)) return this.readWhenQuiet(unquietMs, 'not JSON');
     let change: ManifestChange | undefined;
     try {
