@@ -317,6 +317,30 @@ describe('TcpProxySocket: the endpoint-to-client path (one shared read buffer)',
   });
 });
 
+describe('TcpProxySocket: a dialer that hands the socket over late', () => {
+  /** Resolves only once the endpoint has sent its reply and FIN, as a slow tunnel or header-writing dialer might. */
+  class LateDialer extends DirectDialer {
+    override async dial(req: DialRequest): Promise<Socket> {
+      const socket = await super.dial(req);
+      await new Promise((resolve) => socket.once('end', resolve));
+      return socket;
+    }
+  }
+
+  it("passes on the endpoint's reply and FIN that came before the hand-over", async () => {
+    const early = await backend(LO, (s) => {
+      s.resume();
+      s.end('hello');
+    });
+    const { proxy, port } = await proxyFor(FakeBalancer.of([early.port]), { dialer: new LateDialer() });
+    const { socket, got } = await connectTo(port);
+    expect((await withDeadline(got.ended, 5000, "the endpoint's FIN")).toString()).toBe('hello');
+    socket.end();
+    await drained(proxy);
+    socket.destroy();
+  });
+});
+
 describe('TcpProxySocket: the client address', () => {
   /** Records what the proxy asks, and dials directly. */
   class RecordingDialer extends DirectDialer {

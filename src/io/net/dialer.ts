@@ -22,7 +22,9 @@ export interface DialRequest {
    * (net.connect's `onread`: a read lands in the given buffer and reaches the callback without a
    * stream chunk, a 'data' event or a fresh 64 KiB allocation). A dialer whose socket is not its
    * own TCP socket (a tunnel) must feed the callback from its stream itself, and stop reading while
-   * the callback's last answer was false, until resume().
+   * the callback's last answer was false, until resume(). Bytes, a FIN or a close that come before
+   * the dial resolves are caught up with when it does; until then the dialer owns the socket,
+   * its 'error' events included.
    */
   onread?: OnReadOpts;
 }

@@ -49,6 +49,17 @@ export function relayEnd(from: Socket, to: Socket): void {
 }
 
 /**
+ * For relayEnd(from, to) set up after `from` was already reading into `to` (readInto): a dialer may
+ * resolve some time after its socket connected (one that writes a PROXY header and waits for it, a
+ * tunnel), and what relayEnd listens for may have happened before it listened. A FIN already seen
+ * is passed on now; a read stopped for backpressure whose 'drain' already came is started again.
+ */
+export function catchUp(from: Socket, to: Socket): void {
+  if (from.readableEnded) passEnd(to);
+  else if (from.isPaused() && !to.writableNeedDrain) from.resume();
+}
+
+/**
  * The one buffer every endpoint socket of the process reads into. Node's default read path
  * allocates a 64 KiB buffer per read, wraps it in a stream chunk and emits 'data'; here a read lands
  * in memory that is always there and goes straight to the write. It is shared, so the bytes are

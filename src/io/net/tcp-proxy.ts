@@ -8,7 +8,7 @@ import { dialFailureReason, isOutOfDescriptors } from './errno.js';
 import { listenKey } from './listen-key.js';
 import type { BoundAddress, ListenAddress, ProxySocket } from './proxy-socket.js';
 import { RateLimiter } from './rate-limiter.js';
-import { readInto, relay, relayEnd, resetSocket, type TcpConn } from './tcp-conn.js';
+import { catchUp, readInto, relay, relayEnd, resetSocket, type TcpConn } from './tcp-conn.js';
 
 /** Upstream's endpointDialTimeout: one attempt per entry, each on a freshly picked endpoint. */
 export const DEFAULT_DIAL_TIMEOUTS_MS: readonly number[] = [250, 500, 1000, 2000];
@@ -228,7 +228,9 @@ export class TcpProxySocket implements ProxySocket {
     conn.upstream = upstream;
     conn.holds++; // the upstream socket, released on its 'close'
     upstream.on('error', (err) => this.onSideError(conn, 'endpoint', err));
-    upstream.on('close', () => this.release(conn));
+    // A dialer that resolved late may hand over a socket that has closed meanwhile.
+    if (upstream.closed) queueMicrotask(() => this.release(conn));
+    else upstream.on('close', () => this.release(conn));
     this.endDial(conn);
     if (conn.client.destroyed) {
       upstream.destroy(); // cut (destroyAll) or gone while we dialed
@@ -237,6 +239,7 @@ export class TcpProxySocket implements ProxySocket {
     if (this.debugEnabled()) this.log.debug({ client: conn.clientIP, endpoint: endpoint.addr }, 'connected');
     relay(conn.client, upstream);
     relayEnd(upstream, conn.client);
+    catchUp(upstream, conn.client);
   }
 
   /**
