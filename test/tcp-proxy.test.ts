@@ -365,6 +365,24 @@ describe('TcpProxySocket: the client address', () => {
     expect(dialer.seen).toEqual([{ clientAddress: LO, clientPort, localAddress: LO, localPort: port }]);
   });
 
+  it('is looked up for a retry when affinity was switched on while the first dial ran', async () => {
+    const echo = await backend();
+    const balancer = FakeBalancer.of([1, echo.port]); // port 1: refused, so the first dial fails
+    let first = true;
+    const dialer: Dialer = {
+      dial: (req) => {
+        if (first) {
+          first = false;
+          balancer.sticky = true; // the Service's sessionAffinity became ClientIP meanwhile
+        }
+        return new DirectDialer().dial(req);
+      },
+    };
+    const { port } = await proxyFor(balancer, { dialer });
+    expect((await exchange(port, 'me')).toString()).toBe('me');
+    expect(balancer.calls.map((c) => c.clientIP)).toEqual(['', LO]);
+  });
+
   it('is handed to a balancer with client affinity', async () => {
     const echo = await backend();
     const balancer = FakeBalancer.of([echo.port], { sticky: true });

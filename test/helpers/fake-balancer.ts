@@ -20,7 +20,8 @@ export class FakeBalancer implements LoadBalancer {
 
   constructor(
     endpoints: readonly Endpoint[] = [],
-    private readonly sticky = false,
+    /** Public so a test can switch affinity on while a dial is under way. */
+    public sticky = false,
   ) {
     this.endpoints = endpoints;
   }

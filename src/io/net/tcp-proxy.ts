@@ -184,9 +184,18 @@ export class TcpProxySocket implements ProxySocket {
   private retry(conn: TcpConn, failed: Endpoint, attempt: number, err: unknown): void {
     this.onDialFailed(conn, failed, err);
     // Another endpoint would fail the same way, and a client that is gone needs no endpoint.
-    const next = attempt + 1 < this.dialTimeoutsMs.length && !isOutOfDescriptors(err) && !conn.client.destroyed ? this.balancer.nextEndpoint(conn.clientIP, true) : undefined;
+    const next = attempt + 1 < this.dialTimeoutsMs.length && !isOutOfDescriptors(err) && !conn.client.destroyed ? this.balancer.nextEndpoint(this.pickIP(conn), true) : undefined;
     if (next === undefined) this.giveUp(conn);
     else this.dial(conn, next, attempt + 1);
+  }
+
+  /**
+   * The client IP for a retry's pick: the Service may have turned ClientIP affinity on since the
+   * connection was accepted without looking its address up.
+   */
+  private pickIP(conn: TcpConn): string {
+    if (conn.clientIP !== '' || !this.balancer.usesClientIP) return conn.clientIP;
+    return conn.client.remoteAddress ?? '';
   }
 
   /** A throw in the dial path is a bug: it must not end the process, nor leave the client hanging. */
