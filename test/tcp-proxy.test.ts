@@ -341,6 +341,56 @@ describe('TcpProxySocket: a dialer that hands the socket over late', () => {
   });
 });
 
+describe('TcpProxySocket: a dialer that hands the socket over after backpressure', () => {
+  it('reads on when the client drained before the hand-over', async () => {
+    const reply = randomBytes(8 * MiB);
+    const peer = await backend(LO, (s) => {
+      s.resume();
+      s.end(reply);
+    });
+    let accepted = 0;
+    let stoppedAt!: (n: number) => void;
+    const stopped = new Promise<number>((resolve) => (stoppedAt = resolve));
+    let release!: () => void;
+    const released = new Promise<void>((resolve) => (release = resolve));
+    // Holds the socket until the test says so, and notes when the relay first stopped reading.
+    const dialer: Dialer = {
+      dial: async (req) => {
+        const onread = req.onread;
+        if (onread === undefined) throw new Error('expected an onread');
+        const callback = onread.callback;
+        const socket = await new DirectDialer().dial({
+          ...req,
+          onread: {
+            buffer: onread.buffer,
+            callback: (n, buf) => {
+              accepted += n;
+              const more = callback(n, buf);
+              if (more === false) stoppedAt(accepted);
+              return more;
+            },
+          },
+        });
+        await released;
+        return socket;
+      },
+    };
+    const { proxy, port } = await proxyFor(FakeBalancer.of([peer.port]), { dialer });
+    const { socket, got } = await connectTo(port);
+    socket.pause(); // not read: the proxy's writes to it back up until the relay stops reading
+    socket.end();
+    const relayed = await withDeadline(stopped, 5000, 'the relay to stop reading');
+    socket.resume();
+    // Everything relayed so far reached the client: its socket in the proxy has drained.
+    await got.until(relayed);
+    await new Promise((resolve) => setImmediate(resolve));
+    release();
+    expect(sha256(await withDeadline(got.ended, 10_000, 'the rest of the reply'))).toBe(sha256(reply));
+    await drained(proxy);
+    socket.destroy();
+  });
+});
+
 describe('TcpProxySocket: the client address', () => {
   /** Records what the proxy asks, and dials directly. */
   class RecordingDialer extends DirectDialer {

@@ -56,7 +56,10 @@ export function relayEnd(from: Socket, to: Socket): void {
  */
 export function catchUp(from: Socket, to: Socket): void {
   if (from.readableEnded) passEnd(to);
-  else if (from.isPaused() && !to.writableNeedDrain) from.resume();
+  // A false from the onread callback stops reading without pausing the stream (isPaused() stays
+  // false), so there is no telling whether it happened; resume() starts a stopped read and does
+  // nothing to a running one.
+  else if (!to.writableNeedDrain) from.resume();
 }
 
 /**
