@@ -341,6 +341,28 @@ describe('TcpProxySocket: a dialer that hands the socket over late', () => {
   });
 });
 
+describe('TcpProxySocket: a dialer that hands over a socket that failed meanwhile', () => {
+  it('resets the client and lets the connection go', async () => {
+    const peer = await backend(LO, (s) => {
+      s.write('banner', () => s.resetAndDestroy());
+    });
+    // The dialer owns the socket, and its errors, until it resolves: it sees the reset and hands over anyway.
+    const dialer: Dialer = {
+      dial: async (req) => {
+        const socket = await new DirectDialer().dial(req);
+        await new Promise((resolve) => socket.once('error', resolve));
+        await new Promise((resolve) => socket.once('close', resolve));
+        return socket;
+      },
+    };
+    const { proxy, port } = await proxyFor(FakeBalancer.of([peer.port]), { dialer });
+    const outcome = await clientOutcome(port);
+    expect(outcome.code).toBe('ECONNRESET');
+    await drained(proxy);
+    expect(proxy.stats.active).toBe(0);
+  });
+});
+
 describe('TcpProxySocket: a dialer that hands the socket over after backpressure', () => {
   it('reads on when the client drained before the hand-over', async () => {
     const reply = randomBytes(8 * MiB);

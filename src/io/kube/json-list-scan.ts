@@ -133,8 +133,7 @@ export function scanList(buf: Buffer): ListLayout | undefined {
     if (keyEnd < 0) return undefined;
     // An escaped key may spell `items` (`"\u0069tems"`), and JSON.parse keeps the last of two:
     // the bytes would then name the wrong array.
-    const escape = buf.indexOf(BACKSLASH, i);
-    if (escape >= 0 && escape < keyEnd) return undefined;
+    if (buf.subarray(i + 1, keyEnd).includes(BACKSLASH)) return undefined;
     const isItems = keyEnd + 1 - i === ITEMS_KEY.length && buf.compare(ITEMS_KEY, 0, ITEMS_KEY.length, i, keyEnd + 1) === 0;
     i = skipSpace(buf, keyEnd + 1, n);
     if (buf[i] !== COLON) return undefined;

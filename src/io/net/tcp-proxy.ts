@@ -245,6 +245,12 @@ export class TcpProxySocket implements ProxySocket {
       upstream.destroy(); // cut (destroyAll) or gone while we dialed
       return;
     }
+    if (upstream.destroyed && !upstream.readableEnded) {
+      // Failed after connecting, before the hand-over (its 'error' went to the dialer): as an
+      // error on the endpoint side, the client is reset rather than left waiting.
+      resetSocket(conn.client);
+      return;
+    }
     if (this.debugEnabled()) this.log.debug({ client: conn.clientIP, endpoint: endpoint.addr }, 'connected');
     relay(conn.client, upstream);
     relayEnd(upstream, conn.client);
