@@ -6,6 +6,7 @@ import type { StateSink } from '../../core/state-cache.js';
 import { problemString, type ObjectProblem } from '../../core/model.js';
 import { errnoCode } from '../../errors.js';
 import type { Logger } from '../../log.js';
+import { startsLikeJson } from './json-list-scan.js';
 import { ManifestReader, type ManifestChange } from './manifest-reader.js';
 
 /**
@@ -259,11 +260,4 @@ export class FileSource {
     }
     this.reportedProblems = now;
   }
-}
-
-/** The first byte after space (and a byte-order mark) opens a JSON object or array. */
-function startsLikeJson(buf: Buffer): boolean {
-  let i = buf[0] === 0xef && buf[1] === 0xbb && buf[2] === 0xbf ? 3 : 0;
-  while (buf[i] === 0x20 || buf[i] === 0x0a || buf[i] === 0x0d || buf[i] === 0x09) i++;
-  return buf[i] === 0x7b || buf[i] === 0x5b;
 }

@@ -121,8 +121,7 @@ export function scanItems(buf: Buffer, from: number, to: number): Span[] | undef
  */
 export function scanList(buf: Buffer): ListLayout | undefined {
   const n = buf.length;
-  let i = buf[0] === 0xef && buf[1] === 0xbb && buf[2] === 0xbf ? 3 : 0;
-  i = skipSpace(buf, i, n);
+  let i = skipSpace(buf, afterByteOrderMark(buf), n);
   if (buf[i] !== LBRACE) return undefined;
   let layout: ListLayout | undefined;
   i = skipSpace(buf, i + 1, n);
@@ -152,6 +151,16 @@ export function scanList(buf: Buffer): ListLayout | undefined {
     i = skipSpace(buf, i + 1, n);
   }
   return skipSpace(buf, i + 1, n) === n ? layout : undefined;
+}
+
+function afterByteOrderMark(buf: Buffer): number {
+  return buf[0] === 0xef && buf[1] === 0xbb && buf[2] === 0xbf ? 3 : 0;
+}
+
+/** The first byte after space (and a byte-order mark) opens a JSON object or array. */
+export function startsLikeJson(buf: Buffer): boolean {
+  const first = buf[skipSpace(buf, afterByteOrderMark(buf), buf.length)];
+  return first === LBRACE || first === LBRACKET;
 }
 
 /** The last non-space byte before `i`, or undefined. */
