@@ -343,14 +343,17 @@ describe('TcpProxySocket: a dialer that hands the socket over late', () => {
 
 describe('TcpProxySocket: a dialer that hands over a socket that failed meanwhile', () => {
   it('resets the client and lets the connection go', async () => {
+    // The endpoint resets the connection when the dialer says so (a header it did not like, say).
     const peer = await backend(LO, (s) => {
-      s.write('banner', () => s.resetAndDestroy());
+      s.once('data', () => s.resetAndDestroy());
     });
     // The dialer owns the socket, and its errors, until it resolves: it sees the reset and hands over anyway.
     const dialer: Dialer = {
       dial: async (req) => {
         const socket = await new DirectDialer().dial(req);
-        await new Promise((resolve) => socket.once('error', resolve));
+        const failed = new Promise((resolve) => socket.once('error', resolve));
+        socket.write('header');
+        await failed;
         await new Promise((resolve) => socket.once('close', resolve));
         return socket;
       },
