@@ -52,14 +52,13 @@ export function relayEnd(from: Socket, to: Socket): void {
  * For relayEnd(from, to) set up after `from` was already reading into `to` (readInto): a dialer may
  * resolve some time after its socket connected (one that writes a PROXY header and waits for it, a
  * tunnel), and what relayEnd listens for may have happened before it listened. A FIN already seen
- * is passed on now; a read stopped for backpressure whose 'drain' already came is started again.
+ * is passed on now; a read that stopped for backpressure (a false from the onread callback stops
+ * the read without pausing the stream, so only `reads` can tell) is started again if its 'drain'
+ * already came. With the direct dialer neither can have happened, and this does nothing.
  */
-export function catchUp(from: Socket, to: Socket): void {
+export function catchUp(from: Socket, to: Socket, reads: EndpointReads): void {
   if (from.readableEnded) passEnd(to);
-  // A false from the onread callback stops reading without pausing the stream (isPaused() stays
-  // false), so there is no telling whether it happened; resume() starts a stopped read and does
-  // nothing to a running one.
-  else if (!to.writableNeedDrain) from.resume();
+  else if (reads.stopped && !to.writableNeedDrain) from.resume();
 }
 
 /**
@@ -72,19 +71,28 @@ export function catchUp(from: Socket, to: Socket): void {
  */
 const sharedReadBuffer = new Uint8Array(64 * 1024);
 
+/** net.connect's `onread` for an endpoint socket, and whether it ever stopped reading. */
+export interface EndpointReads extends OnReadOpts {
+  stopped: boolean;
+}
+
 /**
  * net.connect's `onread` for an endpoint socket whose bytes go to `to`. Returning false, when `to`
  * buffers past its high-water mark, makes Node stop reading until relayEnd's 'drain' resumes it.
  */
-export function readInto(to: Socket): OnReadOpts {
-  return {
+export function readInto(to: Socket): EndpointReads {
+  const reads: EndpointReads = {
+    stopped: false,
     buffer: sharedReadBuffer,
     callback: (bytes: number, buf: Uint8Array): boolean => {
       const chunk = Buffer.allocUnsafe(bytes); // from Node's pool when small
       chunk.set(bytes === buf.length ? buf : buf.subarray(0, bytes));
-      return to.write(chunk);
+      if (to.write(chunk)) return true;
+      reads.stopped = true;
+      return false;
     },
   };
+  return reads;
 }
 
 /**

@@ -8,7 +8,7 @@ import { dialFailureReason, isOutOfDescriptors } from './errno.js';
 import { listenKey } from './listen-key.js';
 import type { BoundAddress, ListenAddress, ProxySocket } from './proxy-socket.js';
 import { RateLimiter } from './rate-limiter.js';
-import { catchUp, readInto, relay, relayEnd, resetSocket, type TcpConn } from './tcp-conn.js';
+import { catchUp, readInto, relay, relayEnd, resetSocket, type EndpointReads, type TcpConn } from './tcp-conn.js';
 
 /** Upstream's endpointDialTimeout: one attempt per entry, each on a freshly picked endpoint. */
 export const DEFAULT_DIAL_TIMEOUTS_MS: readonly number[] = [250, 500, 1000, 2000];
@@ -166,16 +166,18 @@ export class TcpProxySocket implements ProxySocket {
   private dial(conn: TcpConn, endpoint: Endpoint, attempt: number): void {
     this.stats.dialAttempts++;
     const started = performance.now();
+    // The endpoint's bytes go to the client from its first read; splice() catches up on the rest.
+    const reads = readInto(conn.client);
     let dialed: Promise<Socket>;
     try {
-      dialed = this.dialer.dial(new ClientDial(conn.client, conn.clientIP, endpoint, this.dialTimeoutsMs[attempt] as number));
+      dialed = this.dialer.dial(new ClientDial(conn.client, conn.clientIP, endpoint, this.dialTimeoutsMs[attempt] as number, reads));
     } catch (err) {
       dialed = Promise.reject(err); // a dialer that throws has failed like one that rejects
     }
     dialed.then(
       (upstream) => {
         this.stats.observeDialLatency((performance.now() - started) / 1000);
-        this.guard(conn, () => this.splice(conn, endpoint, upstream));
+        this.guard(conn, () => this.splice(conn, endpoint, upstream, reads));
       },
       (err: unknown) => this.guard(conn, () => this.retry(conn, endpoint, attempt, err)),
     );
@@ -232,7 +234,7 @@ export class TcpProxySocket implements ProxySocket {
   }
 
   /** Copy both ways; each side's end is passed on to the other, which passes half-close on. */
-  private splice(conn: TcpConn, endpoint: Endpoint, upstream: Socket): void {
+  private splice(conn: TcpConn, endpoint: Endpoint, upstream: Socket, reads: EndpointReads): void {
     conn.endpoint = endpoint;
     conn.upstream = upstream;
     conn.holds++; // the upstream socket, released on its 'close'
@@ -254,7 +256,7 @@ export class TcpProxySocket implements ProxySocket {
     if (this.debugEnabled()) this.log.debug({ client: conn.clientIP, endpoint: endpoint.addr }, 'connected');
     relay(conn.client, upstream);
     relayEnd(upstream, conn.client);
-    catchUp(upstream, conn.client);
+    catchUp(upstream, conn.client, reads);
   }
 
   /**
@@ -306,18 +308,13 @@ export class TcpProxySocket implements ProxySocket {
  * getpeername() or getsockname(), and the direct dialer asks for none.
  */
 class ClientDial implements DialRequest {
-  readonly onread: OnReadOpts;
-
   constructor(
     private readonly client: Socket,
     private readonly clientIP: string,
     readonly endpoint: Endpoint,
     readonly timeoutMs: number,
-  ) {
-    // The endpoint's bytes go to the client from the first read; nothing reads the client until
-    // splice(), and no read can come before it (the dial resolves in the 'connect' callback).
-    this.onread = readInto(client);
-  }
+    readonly onread: OnReadOpts,
+  ) {}
 
   get clientAddress(): string {
     return this.clientIP || (this.client.remoteAddress ?? '');
