@@ -4,11 +4,12 @@
 #   docker build -t kube-userspace-proxy:0.1.0 .
 #
 # Two stages: `build` installs every dependency with `npm ci` and compiles with `tsc` (npm run
-# build), then drops the dev dependencies; `runtime` is a slim Node 20 image with iptables and
+# build), then drops the dev dependencies; `runtime` is a slim Node 24 (LTS) image with iptables and
 # iproute2 (the iptables and bind portals call them), the compiled JavaScript and the production
 # dependencies, run as a non-root user.
 
-ARG NODE_IMAGE=node:20-bookworm-slim
+# The major version is .node-version's (test/deploy.test.ts checks that they agree).
+ARG NODE_IMAGE=node:24-bookworm-slim
 
 FROM ${NODE_IMAGE} AS build
 WORKDIR /src

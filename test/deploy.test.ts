@@ -190,8 +190,11 @@ describe('the Dockerfile', () => {
     expect(build?.instructions).toContainEqual({ op: 'COPY', args: 'package.json package-lock.json ./' });
   });
 
-  it('runs on a slim Node image of the major version package.json requires, with iptables and iproute2', () => {
-    const major = /(\d+)/.exec(pkg.engines.node)?.[1];
+  it('runs on a slim Node image of .node-version\'s major, one package.json\'s engines admit, with iptables and iproute2', () => {
+    const major = readFileSync(join(ROOT, '.node-version'), 'utf8').trim();
+    const minimum = /^>=(\d+)\.(\d+)$/.exec(pkg.engines.node);
+    expect(minimum, pkg.engines.node).not.toBeNull();
+    expect(Number(major)).toBeGreaterThanOrEqual(Number(minimum?.[1]));
     for (const s of stages) expect(s.from).toMatch(new RegExp(`^node:${major}-[a-z]+-slim$`));
     expect(runs(runtime)).toMatch(/apt-get install [^;]*\biptables\b/);
     expect(runs(runtime)).toMatch(/apt-get install [^;]*\biproute2\b/);

@@ -82,12 +82,12 @@ describe('at start-up', () => {
     expect(await r.exited).toBe(0);
   });
 
-  it.skipIf(!hasPrlimit)('a cluster source under a limit too low to load the Kubernetes client is one line and exit 2', async () => {
+  it.skipIf(!hasPrlimit)('a cluster source under a low limit still loads the Kubernetes client (Node 24 holds no descriptors for it)', async () => {
+    // Node 20's module loader held ~750 descriptors while the client loaded, and this start failed.
     const r = runCli(['--kubeconfig', '/nonexistent/kubeconfig', '--metrics-bind-address', '127.0.0.1:0', '--healthz-bind-address', '127.0.0.1:0'], { prefix: ['prlimit', '--nofile=300:300', '--'] });
     running.push(r);
     expect(await r.exited).toBe(2);
     const lines = r.stderr().trim().split('\n');
-    expect(lines).toHaveLength(1);
-    expect(lines[0]).toMatch(/raise the open-file limit/);
+    expect(lines).toEqual(['kube-userspace-proxy: --kubeconfig: cannot load /nonexistent/kubeconfig: no such file']);
   });
 });

@@ -7,7 +7,6 @@ import { ApiSource } from './api-source.js';
 import { FileSource } from './file-source.js';
 import type { KubeConfigEnv } from './kubeconfig.js';
 import { errnoCode } from '../../errors.js';
-import { readOpenFileLimit } from '../../fd-limit.js';
 import type { Source } from './source.js';
 
 export type { Source } from './source.js';
@@ -27,8 +26,8 @@ export interface CreateSourceDeps {
  * in-cluster credentials, $KUBECONFIG or ~/.kube/config (kubeconfig.ts), with --master on top.
  * Throws UsageError when no cluster can be found or the flags contradict each other.
  *
- * The Kubernetes client is loaded only for a cluster: its 2,500 generated modules briefly hold
- * some 750 descriptors while they load, which --state never needs to pay.
+ * The Kubernetes client (2,500 generated modules) is loaded only for a cluster: --state never
+ * pays for it.
  */
 export async function createSource(config: ProxyConfig, deps: CreateSourceDeps): Promise<Source> {
   if (config.stateFile) {
@@ -50,25 +49,14 @@ export async function createSource(config: ProxyConfig, deps: CreateSourceDeps):
   });
 }
 
-/** What loading the Kubernetes client takes at once, with room to spare (measured: about 750). */
-const CLIENT_LOAD_DESCRIPTORS = 1024;
-
 async function loadKubeConfigModule(): Promise<typeof import('./kubeconfig.js')> {
   try {
     return await import('./kubeconfig.js');
   } catch (err) {
-    // Out of descriptors, the module loader fails with EMFILE or, when a stat fails, with
-    // ERR_MODULE_NOT_FOUND; even /proc/self/limits may not open then. Judge by the limit.
-    let soft: number | undefined;
-    try {
-      soft = readOpenFileLimit()?.soft;
-    } catch {
-      soft = undefined;
-    }
-    if (errnoCode(err) === 'EMFILE' || soft === undefined || soft < CLIENT_LOAD_DESCRIPTORS) {
-      const limit = soft === undefined ? '' : `, and the limit is ${soft}`;
-      const why = err instanceof Error ? ` (${err.message.split('\n')[0]})` : '';
-      throw new UsageError(`loading the Kubernetes client needs about ${CLIENT_LOAD_DESCRIPTORS} open files at once${limit}: raise the open-file limit (ulimit -n, or LimitNOFILE= under systemd)${why}`, { cause: err });
+    // Node 20's module loader held hundreds of descriptors while the client's modules loaded; 24's
+    // closes each file as it goes, so only a limit already used up by something else gets here.
+    if (errnoCode(err) === 'EMFILE') {
+      throw new UsageError(`out of open files while loading the Kubernetes client: raise the open-file limit (ulimit -n, or LimitNOFILE= under systemd) (${err instanceof Error ? err.message.split('\n')[0] : String(err)})`, { cause: err });
     }
     throw err;
   }
