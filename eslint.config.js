@@ -2,6 +2,62 @@
 import js from '@eslint/js';
 import tseslint from 'typescript-eslint';
 
+/**
+ * The layers, from the bottom up; each imports only from itself and the layers below it:
+ *   src/core/     pure decisions: no sockets, processes, files or clocks of their own
+ *   src/seams/    the interfaces the proxier, the sources and the adapters meet through
+ *   src/io/       thin adapters: sockets, the Kubernetes API, files, portals, HTTP
+ *   src/proxier/  the sync loop and the unit set: drive the seams, never an adapter directly
+ *   src/*.ts      the composition root (main, app, cli, config): builds and wires everything
+ */
+const LAYER_IMPORTS = {
+  core: { allowed: ['core'], message: 'core/ is pure: it imports only core/' },
+  seams: { allowed: ['core', 'seams'], message: 'seams/ holds interfaces: it imports only core/ and seams/' },
+  io: { allowed: ['core', 'seams', 'io'], message: 'io/ imports only io/, core/ and seams/: what it needs from above comes in through a seam' },
+  proxier: { allowed: ['core', 'seams', 'proxier'], message: 'proxier/ drives adapters through seams: it imports only core/, seams/ and proxier/' },
+};
+const LAYERS = ['core', 'seams', 'io', 'proxier'];
+
+/**
+ * Patterns (relative specifiers) that leave `layer` for somewhere it may not import from, for a file
+ * `depth` folders below src/ (src/core/x.ts is depth 1, src/core/rules/x.ts depth 2): from there
+ * exactly `depth` steps up reach src/, where the composition root and the other layers live.
+ */
+function forbiddenFrom(layer, depth) {
+  const { allowed, message } = LAYER_IMPORTS[layer];
+  const up = `(\\.\\./){${depth}}`;
+  const others = LAYERS.filter((l) => !allowed.includes(l));
+  return [
+    { regex: `^${up}[^./][^/]*\\.js$`, message: `${message} (not the composition root in src/)` },
+    ...others.map((l) => ({ regex: `^${up}${l}/`, message })),
+  ];
+}
+
+/** One config per layer and folder depth (layers are at most four folders deep). */
+function layerRules() {
+  const configs = [];
+  for (const layer of LAYERS) {
+    for (let depth = 1; depth <= 4; depth++) {
+      const below = '*/'.repeat(depth - 1);
+      configs.push({
+        files: [`src/${layer}/${below}*.ts`],
+        rules: {
+          '@typescript-eslint/no-restricted-imports': ['error', {
+            patterns: [
+              ...forbiddenFrom(layer, depth),
+              // seams/ may name node's socket types in its interfaces; nothing below io/ may do I/O.
+              ...(layer === 'io' ? [] : [{ group: NODE_IO, message: `${layer}/ does no I/O of its own: side effects come in through a seam`, allowTypeImports: layer === 'seams' }]),
+            ],
+          }],
+        },
+      });
+    }
+  }
+  return configs;
+}
+
+const NODE_IO = ['node:net', 'node:dgram', 'node:child_process', 'node:fs', 'node:fs/promises', 'node:http', 'node:https', 'node:http2', 'net', 'dgram', 'child_process', 'fs', 'http'];
+
 export default tseslint.config(
   { ignores: ['dist/**', 'node_modules/**', 'bench/results/**'] },
   js.configs.recommended,
@@ -12,16 +68,11 @@ export default tseslint.config(
       'no-console': 'error',
     },
   },
+  ...layerRules(),
   {
-    // core/ holds pure decisions: no sockets, processes, files or clocks of its own (STYLE.md).
+    // core/ takes its clock and random source by injection (STYLE habit 2).
     files: ['src/core/**/*.ts'],
     rules: {
-      'no-restricted-imports': ['error', {
-        patterns: [
-          { group: ['**/io/**', '../io/*', '../../io/*'], message: 'core/ must not import from io/' },
-          { group: ['node:net', 'node:dgram', 'node:child_process', 'node:fs', 'node:fs/promises', 'node:http', 'net', 'dgram', 'child_process', 'fs', 'http'], message: 'core/ is pure: side effects come in through interfaces' },
-        ],
-      }],
       'no-restricted-globals': ['error', { name: 'setTimeout', message: 'core/ takes its clock by injection' }, { name: 'setInterval', message: 'core/ takes its clock by injection' }],
       'no-restricted-properties': ['error', { object: 'Date', property: 'now', message: 'core/ takes its clock by injection' }, { object: 'Math', property: 'random', message: 'core/ takes its random source by injection' }],
     },

@@ -11,8 +11,7 @@
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 import { ServicePortStats, DIAL_LATENCY_BUCKETS } from '../src/core/stats.js';
 import type { ProxyUnit } from '../src/core/units.js';
-import { ProxyMetrics, type MetricsProxier } from '../src/io/http/metrics.js';
-import type { SyncSummary } from '../src/proxier.js';
+import { ProxyMetrics, type MetricsSources } from '../src/io/http/metrics.js';
 import { StatsLedger, type Series } from '../src/core/stats-ledger.js';
 import { SERVICE_PORT_FAMILIES } from '../src/io/http/service-port-metrics.js';
 
@@ -104,20 +103,14 @@ function promPerConnection(n: number): void {
 }
 
 // 4. A scrape with UNITS service ports: the ledger reads every unit, prom-client renders.
-function fakeProxier(units: number): MetricsProxier {
+function fakeProxier(units: number): MetricsSources {
   const list = Array.from({ length: units }, (_, i) => {
     const unit = { id: `default/svc-${i}:http`, servicePort: `default/svc-${i}:http`, service: `default/svc-${i}`, protocol: i % 4 === 0 ? 'UDP' : 'TCP', scope: 'all', portals: [], endpoints: [], affinity: { type: 'None', timeoutSeconds: 10800 } } as ProxyUnit;
     const stats = new ServicePortStats();
     stats.accepted = i;
     return { unit, stats };
   });
-  return {
-    unitStats: () => list,
-    onSync: [] as Array<(s: SyncSummary) => void>,
-    lastSyncAt: 0,
-    pendingSince: undefined,
-    noLocalEndpoints: () => ({ internal: 0, external: 0 }),
-  };
+  return { events: { onChange: () => () => {}, onSync: () => () => {} }, stats: () => list };
 }
 
 async function main(): Promise<void> {
@@ -158,7 +151,7 @@ async function scrapeCost(render: () => Promise<string>): Promise<{ ms: number; 
 }
 
 /** The design measured and not taken: one prom-client metric per family, filled by collect(). */
-function promCollectRegistry(proxier: MetricsProxier): Registry {
+function promCollectRegistry(proxier: MetricsSources): Registry {
   const reg = new Registry();
   const ledger = new StatsLedger();
   let series: Series[] = [];
@@ -168,7 +161,7 @@ function promCollectRegistry(proxier: MetricsProxier): Registry {
     const config = {
       name: f.name, help: f.help, labelNames: ['service_port', 'protocol', 'scope', ...extraNames], registers: [reg],
       collect(this: Counter | Gauge) {
-        if (i === 0) series = ledger.read(proxier.unitStats().map(({ unit, stats }) => ({ labels: { servicePort: unit.servicePort, protocol: unit.protocol, scope: unit.scope }, stats }))).series;
+        if (i === 0) series = ledger.read(proxier.stats().map(({ unit, stats }) => ({ labels: { servicePort: unit.servicePort, protocol: unit.protocol, scope: unit.scope }, stats }))).series;
         this.reset();
         for (const x of series) {
           if (f.only && x.labels.protocol !== f.only) continue;

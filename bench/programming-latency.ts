@@ -6,7 +6,7 @@
  *
  * Per change, three figures:
  *  - emitted -> programmed: the fake server writes the MODIFIED event; the proxier's sync that
- *    applies it ends (its onSync callback);
+ *    applies it ends (its sync event);
  *  - arrival -> programmed: the same, from the moment the event reached the sink (what
  *    ProgrammingLatencyTracker reports, as network_programming_duration_seconds minus the
  *    controller's part);
@@ -27,12 +27,14 @@ import { systemClock } from '../src/core/clock.js';
 import { PortAllocator } from '../src/core/port-allocator.js';
 import { HttpKubeApi } from '../src/io/kube/api-client.js';
 import { ApiSource } from '../src/io/kube/api-source.js';
-import { ProgrammingLatencyTracker, type ProgrammedChange } from '../src/io/kube/programming-latency.js';
+import { ProgrammingLatencyTracker, type ProgrammedChange } from '../src/core/programming-latency.js';
 import { DirectDialer } from '../src/io/net/direct-dialer.js';
 import { TcpProxySocket } from '../src/io/net/tcp-proxy.js';
 import { LoopbackPortal } from '../src/io/portal/loopback-portal.js';
 import { silentLogger } from '../src/log.js';
-import { Proxier, type SyncSummary } from '../src/proxier.js';
+import { Proxier } from '../src/proxier/proxier.js';
+import { LocalUnitSet } from '../src/proxier/unit-set.js';
+import type { SyncSummary } from '../src/seams/proxier-events.js';
 import { FakeApiServer } from '../test/helpers/fake-apiserver.js';
 import { endpointSlice, service } from '../test/helpers/objects.js';
 import { freePort, tcpEchoServer } from '../test/helpers/net.js';
@@ -100,32 +102,35 @@ async function main(): Promise<void> {
   const logger = silentLogger();
   const portal = new LoopbackPortal();
   const dialer = new DirectDialer();
-  const proxier = new Proxier({
-    portal,
+  const units = new LocalUnitSet({
     logger,
     balancerFactory: roundRobinFactory,
     socketFactory: (unit, balancer, st) => new TcpProxySocket({ name: unit.id, balancer, dialer, logger, stats: st }),
     portAllocator: new PortAllocator(undefined, Math.random),
     clock: systemClock,
     random: Math.random,
-    node: { name: 'node0' },
-    minSyncPeriodMs: MIN_SYNC_MS,
-    syncPeriodMs: SYNC_MS,
-    sweepIntervalMs: 1000,
     bindAddress: '127.0.0.1',
+    sweepIntervalMs: 1000,
   });
+  const proxier = new Proxier({ portal, units, logger, clock: systemClock, random: Math.random, node: { name: 'node0' }, minSyncPeriodMs: MIN_SYNC_MS, syncPeriodMs: SYNC_MS });
   const tracked: ProgrammedChange[] = [];
   const tracker = new ProgrammingLatencyTracker({ clock: systemClock, wallNow: Date.now, observe: (c) => tracked.push(c) });
   let syncWaiter: ((s: SyncSummary) => void) | undefined;
   let lastSyncEnd = performance.now();
-  proxier.onSync.push((s) => {
+  proxier.onSync((e) => {
     lastSyncEnd = performance.now();
-    tracker.synced(s);
-    syncWaiter?.(s);
+    tracker.synced(e);
+    syncWaiter?.(e.summary);
+  });
+  proxier.onChange((e) => {
+    const c = e.change;
+    if (c.kind === 'upsertEndpointSlice') tracker.upserted(c.object);
+    else if (c.kind === 'deleteEndpointSlice') tracker.deleted(c.namespace, c.name);
+    else if (c.kind === 'replaceEndpointSlices') tracker.replaced(c.objects);
   });
   const source = new ApiSource({ api: new HttpKubeApi(api.kubeConfig()), nodeName: 'node0', logger });
   const t0 = performance.now();
-  await source.start(tracker.wrap(proxier.sink));
+  await source.start(proxier.sink);
   await source.synced;
   const listed = performance.now();
   await proxier.setSynced();

@@ -1,29 +1,35 @@
 import { hostname } from 'node:os';
+import { hostPort } from './core/address.js';
 import { roundRobinFactory } from './core/balancer/round-robin.js';
 import { systemClock } from './core/clock.js';
+import { ProxyError, errnoCode } from './core/errors.js';
 import { PortAllocator } from './core/port-allocator.js';
+import { ProxierHealth } from './core/proxier-health.js';
 import type { ProxyConfig } from './config.js';
-import { createPortal } from './io/portal/create-portal.js';
+import { createPortal } from './create-portal.js';
+import { createSource } from './create-source.js';
+import { warnOnLowOpenFileLimit } from './fd-limit.js';
+import { followProxier, startHealthServer } from './io/http/healthz.js';
 import { HttpServer, sendJson } from './io/http/http-server.js';
-import { createSource } from './io/kube/create-source.js';
+import { attachMetrics } from './io/http/metrics.js';
 import { ServiceHealthServer, healthCheckHosts } from './io/http/service-health.js';
-import { systemNodeAddresses } from './io/portal/node-addresses.js';
 import { DirectDialer } from './io/net/direct-dialer.js';
-import type { ProxySocket } from './io/net/proxy-socket.js';
 import { TcpProxySocket } from './io/net/tcp-proxy.js';
 import { UdpProxySocket } from './io/net/udp-proxy.js';
-import type { Portal } from './io/portal/portal.js';
+import { systemNodeAddresses } from './io/portal/node-addresses.js';
 import type { Logger } from './log.js';
-import { Proxier, hostPort, type ProxySocketFactory } from './proxier.js';
-import { VERSION } from './cli.js';
-import { ProxierHealth, followProxier, startHealthServer } from './io/http/healthz.js';
-import { attachMetrics } from './io/http/metrics.js';
-import { observeSink } from './observed-sink.js';
-import { warnOnLowOpenFileLimit } from './fd-limit.js';
+import { Proxier } from './proxier/proxier.js';
+import { LocalUnitSet, type ProxySocketFactory } from './proxier/unit-set.js';
+import type { Portal } from './seams/portal.js';
+import type { ProxySocket } from './seams/proxy-socket.js';
+import type { UnitSet } from './seams/unit-set.js';
+import { VERSION } from './version.js';
 
 /** A running proxy: what main and the demo hold on to. */
 export interface RunningProxy {
   proxier: Proxier;
+  /** The sockets: what listens and what is proxied now. */
+  units: UnitSet;
   portal: Portal;
   /** Where the admin server (/services, /metrics) listens. */
   adminAddress: string;
@@ -45,53 +51,99 @@ function socketFactory(config: ProxyConfig, logger: Logger): ProxySocketFactory 
   };
 }
 
-/** Builds and starts every part from a validated config: the composition root's working half. */
+/** Runs what was started so far in reverse order, past failures: a failed start leaves nothing behind. */
+class Started {
+  private readonly closers: Array<() => Promise<unknown>> = [];
+
+  add(close: () => Promise<unknown>): void {
+    this.closers.push(close);
+  }
+
+  async closeAll(): Promise<void> {
+    for (const close of this.closers.splice(0).reverse()) await close().catch(() => undefined);
+  }
+}
+
+/** A server that cannot listen is one line naming its flag and address, not a stack. */
+async function listenOrExplain<T>(flag: string, address: { host: string; port: number }, listen: () => Promise<T>): Promise<T> {
+  try {
+    return await listen();
+  } catch (err) {
+    const code = errnoCode(err);
+    const why = code === 'EADDRINUSE' ? 'the address is in use by another process' : code === 'EADDRNOTAVAIL' ? 'the address is not local to this node' : code === 'EACCES' ? 'permission denied' : err instanceof Error ? err.message : String(err);
+    throw new ProxyError('STARTUP', `${flag} ${hostPort(address)}: cannot listen: ${why}`, { cause: err });
+  }
+}
+
+/**
+ * Builds and starts every part from a validated config: the composition root's working half.
+ * A failure at any step closes what had started and rejects with one line (ProxyError STARTUP).
+ */
 export async function startProxy(config: ProxyConfig, logger: Logger): Promise<RunningProxy> {
+  const started = new Started();
+  try {
+    return await start(config, logger, started);
+  } catch (err) {
+    await started.closeAll();
+    throw err;
+  }
+}
+
+async function start(config: ProxyConfig, logger: Logger, started: Started): Promise<RunningProxy> {
   const portal = createPortal(config, logger);
   // As kube-proxy's GetHostname: trimmed and lower-cased, to match the Node's name.
   const nodeName = (config.hostnameOverride ?? hostname()).trim().toLowerCase();
-  const proxier = new Proxier({
-    portal,
+  const units = new LocalUnitSet({
     logger,
     balancerFactory: roundRobinFactory,
     socketFactory: socketFactory(config, logger),
     portAllocator: new PortAllocator(config.proxyPortRange, Math.random),
     clock: systemClock,
     random: Math.random,
+    bindAddress: config.bindAddress,
+    sweepIntervalMs: Math.max(10, Math.min(1000, Math.floor(config.udpIdleTimeoutMs / 4))),
+  });
+  const proxier = new Proxier({
+    portal,
+    units,
+    logger,
+    clock: systemClock,
+    random: Math.random,
     node: { name: nodeName },
     minSyncPeriodMs: config.minSyncPeriodMs,
     syncPeriodMs: config.syncPeriodMs,
-    sweepIntervalMs: Math.max(10, Math.min(1000, Math.floor(config.udpIdleTimeoutMs / 4))),
-    bindAddress: config.bindAddress,
   });
-  const health = new ProxierHealth(2 * config.syncPeriodMs);
+  started.add(() => proxier.shutdown(0));
+  const health = new ProxierHealth(2 * config.syncPeriodMs, { clock: systemClock, wallNow: Date.now });
   // Before anything is started: a bad flag or no cluster to be found is one line and exit 2.
   const source = await createSource(config, { logger, nodeName, onNode: (node) => health.setNode(node) });
   await portal.start();
+  // Health and metrics follow the loop's events, as kube-proxy's trackers do.
+  followProxier(health, proxier);
   const admin = new HttpServer(logger.child({ component: 'admin' }));
   admin.route('/services', (_req, res) => sendJson(res, 200, { version: VERSION, portal: portal.mode, node: proxier.node.name, services: proxier.status() }));
-  const metrics = attachMetrics(admin, proxier);
-  // Health and metrics see every change on its way into the proxier, as kube-proxy's trackers do.
-  const sink = observeSink(metrics.wrapSink(proxier.sink), metrics, followProxier(health, proxier));
+  const metrics = attachMetrics(admin, { events: proxier, stats: () => units.stats() });
   const serviceHealth = new ServiceHealthServer({ hosts: healthCheckHosts(config.portal, config.nodePortAddresses, systemNodeAddresses), logger, proxyHealthy: () => health.isHealthy() });
-  proxier.onSync.push(() => void serviceHealth.sync(proxier.serviceHealth()));
+  started.add(() => serviceHealth.close());
+  proxier.onSync((e) => void serviceHealth.sync(e.serviceHealth));
   warnOnLowOpenFileLimit(proxier, (msg, need) => logger.warn(need, msg));
-  const adminBound = await admin.listen(config.metricsBindAddress.host, config.metricsBindAddress.port);
-  const healthz = await startHealthServer({ host: config.healthzBindAddress.host, port: config.healthzBindAddress.port, health, logger, probes: metrics });
-  await source.start(sink);
+  const adminBound = await listenOrExplain('--metrics-bind-address', config.metricsBindAddress, () => admin.listen(config.metricsBindAddress.host, config.metricsBindAddress.port));
+  started.add(() => admin.close());
+  const healthz = await listenOrExplain('--healthz-bind-address', config.healthzBindAddress, () => startHealthServer({ host: config.healthzBindAddress.host, port: config.healthzBindAddress.port, health, logger, probes: metrics }));
+  started.add(() => healthz.server.close());
+  await source.start(proxier.sink);
+  started.add(() => source.stop());
   await source.synced;
   await proxier.setSynced();
   // kube-proxy's configSyncPeriod: a resync from memory, not from the API server.
-  const resync = setInterval(() => {
-    proxier.cache.markAllDirty();
-    proxier.requestSync();
-  }, config.configSyncPeriodMs);
+  const resync = setInterval(() => proxier.resync(), config.configSyncPeriodMs);
   resync.unref();
   const adminAddress = hostPort({ host: adminBound.address, port: adminBound.port });
   const healthzAddress = hostPort({ host: healthz.address.address, port: healthz.address.port });
   logger.info({ portal: portal.mode, node: nodeName, source: config.stateFile ?? 'kubernetes API', admin: adminAddress, healthz: healthzAddress }, 'kube-userspace-proxy started');
   return {
     proxier,
+    units,
     portal,
     adminAddress,
     healthzAddress,

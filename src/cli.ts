@@ -1,8 +1,7 @@
 import { Command, CommanderError, Option } from 'commander';
 import { DEFAULTS, type RawOptions } from './config.js';
-import { PORTAL_MODES } from './io/portal/portal.js';
-
-export const VERSION = '0.1.0';
+import { PORTAL_MODES } from './seams/portal.js';
+import { VERSION } from './version.js';
 
 export type CliOutcome =
   | { kind: 'run'; options: RawOptions }

@@ -1,10 +1,9 @@
-import { parseCIDR, parseHostPort, type HostPort } from './core/address.js';
-import { isIP } from './core/ip.js';
+import { isIP, parseCidrFlag, parseHostPort, type HostPort } from './core/address.js';
 import { parseDuration } from './core/duration.js';
 import { parsePortRange, type PortRange } from './core/port-allocator.js';
-import { UsageError } from './errors.js';
+import { UsageError } from './core/errors.js';
 import { LOG_LEVELS } from './log.js';
-import { PORTAL_MODES, type PortalMode } from './io/portal/portal.js';
+import { PORTAL_MODES, type PortalMode } from './seams/portal.js';
 import type { LevelWithSilent } from 'pino';
 
 /** The validated configuration every part is built from. */
@@ -108,12 +107,8 @@ function oneOf<T extends string>(name: string, value: string, allowed: readonly 
 function cidrList(name: string, value: string | undefined): string[] {
   if (!value) return [];
   const list = value.split(',').map((s) => s.trim()).filter(Boolean);
-  for (const c of list) parseCIDRFlag(name, c);
+  for (const c of list) flag(name, () => parseCidrFlag(c, name));
   return list;
-}
-
-function parseCIDRFlag(name: string, c: string): void {
-  flag(name, () => parseCIDR(c, name));
 }
 
 /** Options (flags, later merged with a config file) -> validated ProxyConfig. Pure. */

@@ -6,13 +6,14 @@ import { startProxy } from './app.js';
 import { buildConfig } from './config.js';
 import { startDemoBackends } from './demo-backends.js';
 import { createLogger } from './log.js';
-import type { UnitStatus } from './proxier.js';
+import type { UnitStatus } from './seams/unit-set.js';
 
 /**
  * `npm run demo`: the README's first command. Starts the demo backends on loopback and the proxy
  * on examples/demo.yaml with the no-root loopback portal, sends one request through every service
  * port to show it works, then says how to reach each Service and keeps serving until Ctrl-C.
- * Flags after `--` go to the proxy (e.g. `npm run demo -- --log-level debug`).
+ * The one flag it takes is the log level (`npm run demo -- --log-level debug`; default warn): the
+ * demo's setup is fixed, and `node dist/src/main.js --state examples/demo.yaml ...` takes every flag.
  */
 const stateFile = fileURLToPath(new URL('../../examples/demo.yaml', import.meta.url));
 

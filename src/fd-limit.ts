@@ -1,5 +1,5 @@
 import { readFileSync } from 'node:fs';
-import type { SyncSummary } from './proxier.js';
+import type { ProxierEvents } from './seams/proxier-events.js';
 
 /**
  * The open-file warning at start-up. Every listener, every proxied TCP connection (two sockets:
@@ -72,24 +72,14 @@ export function checkOpenFileLimit(need: DescriptorNeed, read?: (path: string) =
   return limit === undefined ? undefined : openFileLimitWarning(limit, need);
 }
 
-/** The parts of the Proxier the check reads: its syncs and what listens. */
-export interface FdLimitProxier {
-  readonly onSync: Array<(s: SyncSummary) => void>;
-  listenerCount(): number;
-}
-
 /**
  * Checks once, after the first sync, when the service ports (and so the listeners) are known.
  * `warn` gets the message; main passes the logger's warn.
  */
-export function warnOnLowOpenFileLimit(proxier: FdLimitProxier, warn: (msg: string, need: DescriptorNeed) => void, expectedConnections = DEFAULT_EXPECTED_CONNECTIONS, read?: (path: string) => string): void {
-  let done = false;
-  // Left registered once done: removing a callback while the proxier iterates them would skip the next.
-  proxier.onSync.push(() => {
-    if (done) return;
-    done = true;
-    const listeners = proxier.listenerCount();
-    const need = { listeners, expectedConnections };
+export function warnOnLowOpenFileLimit(events: ProxierEvents, warn: (msg: string, need: DescriptorNeed) => void, expectedConnections = DEFAULT_EXPECTED_CONNECTIONS, read?: (path: string) => string): void {
+  const off = events.onSync((e) => {
+    off();
+    const need = { listeners: e.listeners, expectedConnections };
     const msg = checkOpenFileLimit(need, read);
     if (msg !== undefined) warn(msg, need);
   });

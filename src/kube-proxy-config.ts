@@ -1,12 +1,11 @@
 import { readFile, writeFile } from 'node:fs/promises';
 import { CORE_SCHEMA, dump, load, YAMLException } from 'js-yaml';
-import { parseCIDR, parseHostPort, type HostPort } from './core/address.js';
-import { isIP } from './core/ip.js';
+import { hostPort, isIP, parseCidrFlag, parseHostPort } from './core/address.js';
 import { formatDuration, parseDuration } from './core/duration.js';
 import { formatPortRange, parsePortRange } from './core/port-allocator.js';
 import type { ProxyConfig, RawOptions } from './config.js';
-import { ProxyError, UsageError, errnoCode } from './errors.js';
-import { PORTAL_MODES } from './io/portal/portal.js';
+import { ProxyError, UsageError, errnoCode } from './core/errors.js';
+import { PORTAL_MODES } from './seams/portal.js';
 import { LOG_LEVELS } from './log.js';
 
 /**
@@ -184,7 +183,7 @@ const SCHEMA: Schema = {
         type: 'stringList',
         apply: (v, at, out) => {
           const list = v as string[];
-          list.forEach((c, i) => parseCIDR(c, `${at}[${i}]`));
+          list.forEach((c, i) => parseCidrFlag(c, `${at}[${i}]`));
           if (list.length > 0) out.serviceClusterIpRange = list.join(',');
         },
       },
@@ -205,7 +204,7 @@ function applyNodePortAddresses(list: string[], at: string, out: RawOptions): vo
     if (entry === 'localhost') cidrs.push('127.0.0.0/8', '::1/128');
     else if (entry === 'primary') throw new UsageError(`${at}[${i}]: "primary" is not supported here; list the node's CIDRs instead`);
     else {
-      parseCIDR(entry, `${at}[${i}]`);
+      parseCidrFlag(entry, `${at}[${i}]`);
       cidrs.push(entry);
     }
   });
@@ -370,8 +369,8 @@ export function toKubeProxyConfiguration(config: ProxyConfig): Record<string, un
     kind: KUBE_PROXY_CONFIG_KIND,
     mode: 'userspace',
     bindAddress: config.bindAddress,
-    healthzBindAddress: formatHostPort(config.healthzBindAddress),
-    metricsBindAddress: formatHostPort(config.metricsBindAddress),
+    healthzBindAddress: hostPort(config.healthzBindAddress),
+    metricsBindAddress: hostPort(config.metricsBindAddress),
     hostnameOverride: config.hostnameOverride ?? '',
     clientConnection: { kubeconfig: config.kubeconfig ?? '' },
     iptables: {
@@ -405,8 +404,4 @@ export async function writeConfigFile(path: string, config: ProxyConfig): Promis
   } catch (err) {
     throw new UsageError(`--write-config-to: cannot write ${path}: ${errnoCode(err) ?? String(err)}`, { cause: err });
   }
-}
-
-function formatHostPort(a: HostPort): string {
-  return a.host.includes(':') ? `[${a.host}]:${a.port}` : `${a.host}:${a.port}`;
 }

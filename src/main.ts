@@ -1,9 +1,9 @@
 #!/usr/bin/env node
 import { startProxy } from './app.js';
-import { createPortal } from './io/portal/create-portal.js';
+import { createPortal } from './create-portal.js';
 import { parseCommandLine } from './cli.js';
 import { buildConfig } from './config.js';
-import { ProxyError, UsageError } from './errors.js';
+import { ProxyError, UsageError } from './core/errors.js';
 import { createLogger } from './log.js';
 import { resolveOptions, writeConfigFile } from './kube-proxy-config.js';
 
@@ -17,7 +17,6 @@ async function main(argv: string[]): Promise<number> {
     (outcome.code === 0 ? process.stdout : process.stderr).write(outcome.output);
     return outcome.code;
   }
-  // Flags override the --config file, which overrides the defaults, as kube-proxy documents.
   const { options, warnings } = await resolveOptions(outcome.options);
   const config = buildConfig(options);
   const logger = createLogger(config.logLevel);
@@ -62,8 +61,9 @@ main(process.argv.slice(2)).then(
       process.exitCode = 2;
       return;
     }
-    if (err instanceof ProxyError && err.code === 'PORTAL') {
-      // e.g. --cleanup that could not remove everything: the message lists every failure.
+    if (err instanceof ProxyError && (err.code === 'PORTAL' || err.code === 'STARTUP')) {
+      // e.g. --cleanup that could not remove everything (the message lists every failure), or a
+      // server whose address is taken (startProxy closed whatever had started).
       process.stderr.write(`kube-userspace-proxy: ${err.message}\n`);
       process.exitCode = 1;
       return;

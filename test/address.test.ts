@@ -1,6 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { parseCIDR, parseHostPort } from '../src/core/address.js';
-import { isIPv4, isIPv6 } from '../src/core/ip.js';
+import { isIPv4, isIPv6, parseCidrFlag, parseHostPort } from '../src/core/address.js';
 
 describe('IP syntax', () => {
   it.each(['10.96.0.1', '127.0.0.1', '0.0.0.0', '255.255.255.255'])('%s is IPv4', (s) => expect(isIPv4(s)).toBe(true));
@@ -27,10 +26,10 @@ describe('host:port', () => {
 
 describe('CIDR', () => {
   it('parses both families and rejects junk', () => {
-    expect(parseCIDR('10.96.0.0/12', 'x')).toEqual({ ip: '10.96.0.0', prefix: 12, family: 4 });
-    expect(parseCIDR('fd00::/108', 'x')).toEqual({ ip: 'fd00::', prefix: 108, family: 6 });
+    expect(parseCidrFlag('10.96.0.0/12', 'x')).toMatchObject({ text: '10.96.0.0/12', prefix: 12, family: 4 });
+    expect(parseCidrFlag('fd00::/108', 'x')).toMatchObject({ text: 'fd00::/108', prefix: 108, family: 6 });
     for (const bad of ['10.96.0.0', '10.96.0.0/33', 'fd00::/129', 'x/8', '10.0.0.0/8/1']) {
-      expect(() => parseCIDR(bad, 'service-cluster-ip-range')).toThrow(/service-cluster-ip-range/);
+      expect(() => parseCidrFlag(bad, 'service-cluster-ip-range')).toThrow(/service-cluster-ip-range/);
     }
   });
 });

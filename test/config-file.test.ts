@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { parseCommandLine } from '../src/cli.js';
 import { buildConfig, type RawOptions } from '../src/config.js';
-import { ProxyError, UsageError } from '../src/errors.js';
+import { ProxyError, UsageError } from '../src/core/errors.js';
 import { parseKubeProxyConfiguration, renderKubeProxyConfiguration, resolveOptions } from '../src/kube-proxy-config.js';
 import { runCli, type Spawned } from './helpers/cli.js';
 

@@ -106,8 +106,8 @@ describe('the engine from a state file', () => {
     expect(tcp?.endpoints.sort()).toEqual([`127.0.20.1:${backendPort}`, `127.0.20.2:${backendPort}`]);
     expect(s.find((x) => x.name === 'default/echo:udp')).toMatchObject({ protocol: 'UDP', reachable: [`${SVC_ADDR}:${port}`] });
     // What the open-file check counts: every socket listening, here 2 + 1 + 1.
-    expect(proxy.proxier.listenerCount()).toBe(s.reduce((n, x) => n + x.reachable.length, 0));
-    expect(proxy.proxier.listenerCount()).toBe(4);
+    expect(proxy.units.listenerCount()).toBe(s.reduce((n, x) => n + x.reachable.length, 0));
+    expect(proxy.units.listenerCount()).toBe(4);
   });
 
   it('applies a live edit of the file to new connections', async () => {

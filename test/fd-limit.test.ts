@@ -4,7 +4,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { BASE_DESCRIPTORS, descriptorsNeeded, openFileLimitWarning, parseOpenFileLimit, readOpenFileLimit, warnOnLowOpenFileLimit } from '../src/fd-limit.js';
-import type { SyncSummary } from '../src/proxier.js';
+import { Topic } from '../src/core/topic.js';
+import type { SyncEvent } from '../src/seams/proxier-events.js';
 import { runCli, type Spawned } from './helpers/cli.js';
 import { endpointSlice, list, service } from './helpers/objects.js';
 
@@ -37,13 +38,15 @@ describe('the open-file limit', () => {
   });
 
   it('is checked once, after the first sync, counting what listens', () => {
-    const onSync: Array<(s: SyncSummary) => void> = [];
+    const syncs = new Topic<SyncEvent>((err) => {
+      throw err;
+    });
     const warnings: string[] = [];
-    const proxier = { onSync, listenerCount: () => 3 };
-    warnOnLowOpenFileLimit(proxier, (msg, need) => warnings.push(`${need.listeners}: ${msg}`), 500, () => LIMITS);
-    const sync = {} as SyncSummary;
-    for (const cb of onSync) cb(sync);
-    for (const cb of onSync) cb(sync);
+    const events = { onSync: (l: (e: SyncEvent) => void) => syncs.subscribe(l), onChange: () => () => {} };
+    warnOnLowOpenFileLimit(events, (msg, need) => warnings.push(`${need.listeners}: ${msg}`), 500, () => LIMITS);
+    const sync = { listeners: 3 } as SyncEvent;
+    syncs.publish(sync);
+    syncs.publish(sync);
     expect(warnings).toHaveLength(1);
     expect(warnings[0]).toMatch(/^3: the open-file limit \(1024\) is below the 1067 descriptors/);
   });

@@ -5,7 +5,7 @@ import { join } from 'node:path';
 import { afterEach, describe, it, expect } from 'vitest';
 import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
 import { FileSource } from '../src/io/kube/file-source.js';
-import type { StateSink } from '../src/core/state-cache.js';
+import type { StateSink } from '../src/seams/state-sink.js';
 import type { NodeInfo } from '../src/core/model.js';
 import { createLogger } from '../src/log.js';
 import { waitFor } from './helpers/net.js';

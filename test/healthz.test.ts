@@ -1,8 +1,10 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { ProxierHealth, followProxier, startHealthServer, TO_BE_DELETED_TAINT, type HealthProxier } from '../src/io/http/healthz.js';
+import { ProxierHealth, TO_BE_DELETED_TAINT } from '../src/core/proxier-health.js';
+import { Topic } from '../src/core/topic.js';
+import { followProxier, startHealthServer } from '../src/io/http/healthz.js';
 import type { HttpServer } from '../src/io/http/http-server.js';
 import { silentLogger } from '../src/log.js';
-import type { SyncSummary } from '../src/proxier.js';
+import type { ChangeEvent, SyncEvent, SyncSummary } from '../src/seams/proxier-events.js';
 
 /** kube-proxy's /healthz and /livez: the state machine with a fake clock, then over HTTP. */
 
@@ -18,6 +20,10 @@ const iso = (offsetMs: number): string => new Date(EPOCH + offsetMs).toISOString
 
 function summary(portalErrors = 0): SyncSummary {
   return { services: 0, units: 0, opened: 0, closed: 0, recreated: 0, updated: 0, listenErrors: 0, portalErrors, durationMs: 1 };
+}
+
+function syncEvent(portalErrors = 0): SyncEvent {
+  return { summary: summary(portalErrors), periodic: false, first: false, startedAt: 0, finishedAt: 1, serviceHealth: [], noLocalEndpoints: { internal: 0, external: 0 }, listeners: 0 };
 }
 
 describe('health transitions', () => {
@@ -84,23 +90,27 @@ describe('following the proxier', () => {
   it('queues nothing before the first sync, then follows changes and syncs', () => {
     const c = fakeClocks();
     const h = new ProxierHealth(TIMEOUT, c);
-    const proxier: { onSync: HealthProxier['onSync']; lastSyncAt: number | undefined } = { onSync: [], lastSyncAt: undefined };
-    const observer = followProxier(h, proxier);
+    const rethrow = (err: unknown): never => {
+      throw err;
+    };
+    const changes = new Topic<ChangeEvent>(rethrow);
+    const syncs = new Topic<SyncEvent>(rethrow);
+    followProxier(h, { onChange: (l) => changes.subscribe(l), onSync: (l) => syncs.subscribe(l) });
 
-    observer.servicesChanged?.(500); // the initial list, however slow
+    // The initial list, however slow, arrives before the first sync.
+    changes.publish({ change: { kind: 'replaceServices', objects: [] }, changed: 500, initialized: false });
     c.advance(2 * TIMEOUT);
     expect(h.livez().status).toBe(200);
 
-    proxier.lastSyncAt = c.clock.now();
-    for (const cb of proxier.onSync) cb(summary());
-    observer.endpointSlicesChanged?.([], 1);
+    syncs.publish(syncEvent());
+    changes.publish({ change: { kind: 'deleteEndpointSlice', namespace: 'default', name: 'web-1' }, changed: 1, initialized: true });
     c.advance(TIMEOUT);
     expect(h.livez().status).toBe(503);
 
     // A sync whose portal failed does not count as an update.
-    for (const cb of proxier.onSync) cb(summary(1));
+    syncs.publish(syncEvent(1));
     expect(h.livez().status).toBe(503);
-    for (const cb of proxier.onSync) cb(summary(0));
+    syncs.publish(syncEvent(0));
     expect(h.livez().status).toBe(200);
   });
 });

@@ -2,7 +2,7 @@ import { readFileSync } from 'node:fs';
 import { describe, it, expect } from 'vitest';
 import { dump } from 'js-yaml';
 import { parseManifest } from '../src/io/kube/manifest.js';
-import { ProxyError } from '../src/errors.js';
+import { ProxyError } from '../src/core/errors.js';
 import { list } from './helpers/objects.js';
 
 const text = (name: string): string => readFileSync(new URL(`./fixtures/kube/${name}`, import.meta.url), 'utf8');

@@ -16,16 +16,19 @@ import { TcpProxySocket } from '../src/io/net/tcp-proxy.js';
 import { UdpProxySocket } from '../src/io/net/udp-proxy.js';
 import { LoopbackPortal } from '../src/io/portal/loopback-portal.js';
 import { silentLogger } from '../src/log.js';
-import type { StateSink } from '../src/core/state-cache.js';
-import { observeSink } from '../src/observed-sink.js';
-import { Proxier, type SyncSummary } from '../src/proxier.js';
+import type { StateSink } from '../src/seams/state-sink.js';
+import type { Proxier } from '../src/proxier/proxier.js';
+import type { LocalUnitSet } from '../src/proxier/unit-set.js';
+import { Topic } from '../src/core/topic.js';
+import type { SyncEvent, SyncSummary } from '../src/seams/proxier-events.js';
+import { makeProxier } from './helpers/make-proxier.js';
 import { endpointSlice, service } from './helpers/objects.js';
 import { freePort } from './helpers/net.js';
 import { boundUdp, clientOutcome, closedTcpPort, connectTo, tcpBackend, udpAsk, udpEcho, withDeadline, type TcpBackend } from './helpers/proxy-fixtures.js';
 
 /**
  * Every metric moves when its event happens: a real Proxier with real TCP and UDP proxy sockets
- * on loopback, changes fed through the observed sink, /metrics scraped over HTTP.
+ * on loopback, changes fed through the sync loop's sink, /metrics scraped over HTTP.
  */
 
 const NODE = 'node-a';
@@ -34,6 +37,7 @@ const WALL0 = Date.parse('2026-11-22T10:00:00Z');
 let wall = WALL0;
 const logger = silentLogger();
 let proxier: Proxier;
+let units: LocalUnitSet;
 let metrics: ProxyMetrics;
 let sink: StateSink;
 let admin: HttpServer;
@@ -51,7 +55,16 @@ const DNS = '127.96.50.4';
 
 /** The next sync's summary. The callback stays registered (a no-op once resolved): removing it while the proxier iterates would skip the next one. */
 function nextSync(): Promise<SyncSummary> {
-  return withDeadline(new Promise<SyncSummary>((resolve) => proxier.onSync.push(resolve)), 5000, 'a sync');
+  return withDeadline(
+    new Promise<SyncSummary>((resolve) => {
+      const off = proxier.onSync((e) => {
+        off();
+        resolve(e.summary);
+      });
+    }),
+    5000,
+    'a sync',
+  );
 }
 
 async function scrape(): Promise<string> {
@@ -104,7 +117,7 @@ beforeAll(async () => {
   udpBackend = await udpEcho('127.0.50.4');
   port = await freePort(WEB);
   const dialer = new DirectDialer();
-  proxier = new Proxier({
+  ({ proxier, units } = makeProxier({
     portal: new LoopbackPortal(),
     logger,
     balancerFactory: roundRobinFactory,
@@ -120,10 +133,10 @@ beforeAll(async () => {
     syncPeriodMs: 60_000,
     sweepIntervalMs: 1000,
     bindAddress: '127.0.0.1',
-  });
+  }));
   admin = new HttpServer(logger);
-  metrics = attachMetrics(admin, proxier, { wallNow: () => wall });
-  sink = observeSink(metrics.wrapSink(proxier.sink), metrics);
+  metrics = attachMetrics(admin, { events: proxier, stats: () => units.stats() }, { wallNow: () => wall });
+  sink = proxier.sink;
   const bound = await admin.listen('127.0.0.1', 0);
   base = `http://127.0.0.1:${bound.port}`;
 });
@@ -317,13 +330,17 @@ async function waitForValue(name: string, labels: Record<string, string>, want: 
 describe('no-local-endpoints', () => {
   it('shows the proxier\'s counts after every sync, also a change that arrived during the one before', async () => {
     let counts = { internal: 0, external: 0 };
-    const fake = { unitStats: () => [], onSync: [] as Array<(s: SyncSummary) => void>, lastSyncAt: 0, pendingSince: undefined, noLocalEndpoints: () => counts };
-    const m = attachMetrics(new HttpServer(silentLogger()), fake, { processMetrics: false });
-    const sync: SyncSummary = { services: 1, units: 1, opened: 0, closed: 0, recreated: 0, updated: 1, listenErrors: 0, portalErrors: 0, durationMs: 1 };
-    for (const cb of fake.onSync) cb(sync);
-    // The proxier counted the change at its next sync; no sink event came between the two syncs.
+    const syncs = new Topic<SyncEvent>((err) => {
+      throw err;
+    });
+    const events = { onSync: (l: (e: SyncEvent) => void) => syncs.subscribe(l), onChange: () => () => {} };
+    const m = attachMetrics(new HttpServer(silentLogger()), { events, stats: () => [] }, { processMetrics: false });
+    const summary: SyncSummary = { services: 1, units: 1, opened: 0, closed: 0, recreated: 0, updated: 1, listenErrors: 0, portalErrors: 0, durationMs: 1 };
+    const sync = (): SyncEvent => ({ summary, periodic: false, first: false, startedAt: 0, finishedAt: 1, serviceHealth: [], noLocalEndpoints: counts, listeners: 0 });
+    syncs.publish(sync());
+    // The proxier counted the change at its next sync; no change event came between the two syncs.
     counts = { internal: 1, external: 2 };
-    for (const cb of fake.onSync) cb(sync);
+    syncs.publish(sync());
     const text = await m.render();
     expect(value(text, 'kubeproxy_sync_proxy_rules_no_local_endpoints_total', { traffic_policy: 'internal' })).toBe(1);
     expect(value(text, 'kubeproxy_sync_proxy_rules_no_local_endpoints_total', { traffic_policy: 'external' })).toBe(2);

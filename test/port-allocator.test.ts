@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import type { RandomSource } from '../src/core/clock.js';
 import { PortAllocator, formatPortRange, parsePortRange } from '../src/core/port-allocator.js';
-import { ProxyError, UsageError } from '../src/errors.js';
+import { ProxyError, UsageError } from '../src/core/errors.js';
 import { seeded } from './helpers/seeded.js';
 
 /** Replays `values` in turn, repeating the last one. */

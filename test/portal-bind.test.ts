@@ -1,11 +1,11 @@
 import { describe, expect, it } from 'vitest';
 import type { NodeAddress } from '../src/core/rules/node-address.js';
 import type { ProxyUnit } from '../src/core/units.js';
-import { UsageError } from '../src/errors.js';
+import { UsageError } from '../src/core/errors.js';
 import { BindPortal } from '../src/io/portal/bind-portal.js';
 import { CommandError, type CommandResult, type CommandRunner } from '../src/io/portal/command-runner.js';
 import type { NodeAddressSource } from '../src/io/portal/node-addresses.js';
-import type { RunningUnitView } from '../src/io/portal/portal.js';
+import type { RunningUnitView } from '../src/seams/portal.js';
 import { silentLogger } from '../src/log.js';
 import { servicePort, unitsOf } from './helpers/service-port.js';
 

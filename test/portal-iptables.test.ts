@@ -1,13 +1,13 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import type { IPFamily } from '../src/core/ip.js';
+import type { IPFamily } from '../src/core/address.js';
 import type { NodeAddress } from '../src/core/rules/node-address.js';
 import { parseIptablesSave, planJumps, planRemoval } from '../src/core/rules/iptables-save.js';
 import type { ProxyUnit } from '../src/core/units.js';
-import { UsageError } from '../src/errors.js';
+import { UsageError } from '../src/core/errors.js';
 import { CommandError, type CommandResult, type CommandRunner } from '../src/io/portal/command-runner.js';
 import { IptablesPortal } from '../src/io/portal/iptables-portal.js';
 import type { NodeAddressSource } from '../src/io/portal/node-addresses.js';
-import type { RunningUnitView } from '../src/io/portal/portal.js';
+import type { RunningUnitView } from '../src/seams/portal.js';
 import { silentLogger } from '../src/log.js';
 import { iptablesSkipReason, nsExec, nsRunner, reportSkip, run } from './helpers/netns.js';
 import { servicePort, unitsOf } from './helpers/service-port.js';

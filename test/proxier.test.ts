@@ -3,10 +3,12 @@ import { describe, expect, it } from 'vitest';
 import { roundRobinFactory } from '../src/core/balancer/round-robin.js';
 import { PortAllocator } from '../src/core/port-allocator.js';
 import type { ProxyUnit } from '../src/core/units.js';
-import type { BoundAddress, ListenAddress, ProxySocket } from '../src/io/net/proxy-socket.js';
-import type { ListenSpec, Portal, PortalSyncResult, RunningUnitView } from '../src/io/portal/portal.js';
+import type { BoundAddress, ListenAddress, ProxySocket } from '../src/seams/proxy-socket.js';
+import type { ListenSpec, Portal, PortalSyncResult, RunningUnitView } from '../src/seams/portal.js';
 import { silentLogger } from '../src/log.js';
-import { Proxier } from '../src/proxier.js';
+import type { Proxier } from '../src/proxier/proxier.js';
+import type { SyncEvent } from '../src/seams/proxier-events.js';
+import { makeProxier } from './helpers/make-proxier.js';
 import { ServicePortStats } from '../src/core/stats.js';
 import { endpointSlice, service } from './helpers/objects.js';
 
@@ -55,8 +57,15 @@ function fakeSocket(): ProxySocket {
   };
 }
 
-function setup(portal = new RecordingPortal(), range?: { base: number; size: number }): { proxier: Proxier; portal: RecordingPortal } {
-  const proxier = new Proxier({
+interface Setup {
+  proxier: Proxier;
+  portal: RecordingPortal;
+  /** What the last sync event said. */
+  last: () => SyncEvent | undefined;
+}
+
+function setup(portal = new RecordingPortal(), range?: { base: number; size: number }): Setup {
+  const { proxier } = makeProxier({
     portal,
     logger: silentLogger(),
     balancerFactory: roundRobinFactory,
@@ -70,7 +79,11 @@ function setup(portal = new RecordingPortal(), range?: { base: number; size: num
     sweepIntervalMs: 1000,
     bindAddress: '0.0.0.0',
   });
-  return { proxier, portal };
+  let last: SyncEvent | undefined;
+  proxier.onSync((e) => {
+    last = e;
+  });
+  return { proxier, portal, last: () => last };
 }
 
 /** A portal whose prepare() takes until the test lets it go: a sync held mid-way. */
@@ -128,16 +141,16 @@ describe('the proxier programs the portal only when rules can change', () => {
   });
 
   it('programs it again on the next sync after a failure, whatever changed', async () => {
-    const { proxier, portal } = setup();
+    const { proxier, portal, last } = setup();
     proxier.cache.upsertService(web('1'));
     portal.fail = true;
     await proxier.setSynced();
-    expect(proxier.lastSync?.portalErrors).toBe(1);
+    expect(last()?.summary.portalErrors).toBe(1);
     portal.fail = false;
     proxier.cache.upsertEndpointSlice(slice(['10.0.0.3'], '3'));
     await proxier.syncNow();
     expect(portal.syncs).toHaveLength(2);
-    expect(proxier.lastSync?.portalErrors).toBe(0);
+    expect(last()?.summary.portalErrors).toBe(0);
     await proxier.syncNow();
     expect(portal.syncs).toHaveLength(2);
     await proxier.shutdown(0);
@@ -202,7 +215,7 @@ describe('--proxy-port-range', () => {
 
 describe('no-local-endpoints counts', () => {
   it('follow each Service as it changes and goes, without recounting the others', async () => {
-    const { proxier } = setup();
+    const { proxier, last } = setup();
     const local = (name: string, rv: string): V1Service =>
       service({ name, clusterIP: '10.96.0.11', ports: [{ name: 'http', port: 80, nodePort: 30080 }], internalTrafficPolicy: 'Local', externalTrafficPolicy: 'Local', resourceVersion: rv }) as unknown as V1Service;
     const eps = (name: string, nodeName: string, rv: string): V1EndpointSlice =>
@@ -212,20 +225,20 @@ describe('no-local-endpoints counts', () => {
     proxier.cache.upsertService(local('b', '1'));
     proxier.cache.upsertEndpointSlice(eps('b', 'node-b', '1'));
     await proxier.setSynced();
-    expect(proxier.noLocalEndpoints()).toEqual({ internal: 2, external: 2 });
+    expect(last()?.noLocalEndpoints).toEqual({ internal: 2, external: 2 });
     // a's endpoint moves to this node; b is deleted; then a's Service goes too.
     proxier.cache.upsertEndpointSlice(eps('a', 'node-a', '2'));
     await proxier.syncNow();
-    expect(proxier.noLocalEndpoints()).toEqual({ internal: 1, external: 1 });
+    expect(last()?.noLocalEndpoints).toEqual({ internal: 1, external: 1 });
     proxier.cache.deleteService('default', 'b');
     await proxier.syncNow();
-    expect(proxier.noLocalEndpoints()).toEqual({ internal: 0, external: 0 });
+    expect(last()?.noLocalEndpoints).toEqual({ internal: 0, external: 0 });
     proxier.cache.upsertEndpointSlice(eps('a', 'node-b', '3'));
     await proxier.syncNow();
-    expect(proxier.noLocalEndpoints()).toEqual({ internal: 1, external: 1 });
+    expect(last()?.noLocalEndpoints).toEqual({ internal: 1, external: 1 });
     proxier.cache.deleteService('default', 'a');
     await proxier.syncNow();
-    expect(proxier.noLocalEndpoints()).toEqual({ internal: 0, external: 0 });
+    expect(last()?.noLocalEndpoints).toEqual({ internal: 0, external: 0 });
     await proxier.shutdown(0);
   });
 });

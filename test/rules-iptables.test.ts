@@ -2,7 +2,7 @@ import { existsSync, mkdirSync, readFileSync, readdirSync, writeFileSync } from 
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import type { IPFamily } from '../src/core/ip.js';
+import type { IPFamily } from '../src/core/address.js';
 import type { ServicePort } from '../src/core/model.js';
 import { freshJumps, parseIptablesSave, planJumps, planRemoval, splitWords } from '../src/core/rules/iptables-save.js';
 import { renderIptablesRules, restorePayload, type IptablesRenderInput, type PortalTarget } from '../src/core/rules/render-iptables.js';

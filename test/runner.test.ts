@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { BoundedFrequencyRunner, type RunnerTimers } from '../src/runner.js';
+import { BoundedFrequencyRunner, type RunnerTimers } from '../src/proxier/runner.js';
 
 /** Manual timers: time moves only when the test says so. */
 class FakeTimers implements RunnerTimers {

@@ -1,7 +1,8 @@
 import { readFileSync } from 'node:fs';
 import { describe, it, expect } from 'vitest';
 import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
-import { deepEqual, StateCache, type StateSink } from '../src/core/state-cache.js';
+import { deepEqual, StateCache } from '../src/core/state-cache.js';
+import type { StateSink } from '../src/seams/state-sink.js';
 import type { ObjectProblem } from '../src/core/model.js';
 import { endpointSlice, service, type ServiceSpec, type SliceSpec } from './helpers/objects.js';
 

@@ -5,7 +5,7 @@ import { connect, type Socket } from 'node:net';
 import { afterEach, describe, expect, it } from 'vitest';
 import type { LoadBalancer } from '../src/core/balancer/load-balancer.js';
 import { type Endpoint, toEndpoint } from '../src/core/model.js';
-import type { Dialer, DialRequest } from '../src/io/net/dialer.js';
+import type { Dialer, DialRequest } from '../src/seams/dialer.js';
 import { DirectDialer } from '../src/io/net/direct-dialer.js';
 import { TcpProxySocket } from '../src/io/net/tcp-proxy.js';
 import { FakeBalancer } from './helpers/fake-balancer.js';

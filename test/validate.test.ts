@@ -1,7 +1,7 @@
 import { readFileSync } from 'node:fs';
 import { describe, it, expect } from 'vitest';
 import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
-import { isIPv4, isIPv6, ipFamily } from '../src/core/ip.js';
+import { isIPv4, isIPv6, ipFamily } from '../src/core/address.js';
 import { validateEndpointSlice, validateService } from '../src/core/validate.js';
 import type { ObjectProblem } from '../src/core/model.js';
 import { endpointSlice, service } from './helpers/objects.js';

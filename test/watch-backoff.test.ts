@@ -1,9 +1,9 @@
 import { describe, expect, it } from 'vitest';
-import { Backoff } from '../src/io/kube/backoff.js';
+import { Backoff } from '../src/core/backoff.js';
 
 describe('capped exponential backoff with jitter', () => {
   it('doubles from the initial delay up to the cap, and starts over after a reset', () => {
-    const b = new Backoff({ initialMs: 800, maxMs: 30_000, jitter: 0 });
+    const b = new Backoff({ initialMs: 800, maxMs: 30_000, jitter: 0 }, Math.random);
     const delays = Array.from({ length: 8 }, () => b.next());
     expect(delays).toEqual([800, 1600, 3200, 6400, 12_800, 25_600, 30_000, 30_000]);
     expect(b.failures).toBe(8);
@@ -33,7 +33,7 @@ describe('capped exponential backoff with jitter', () => {
   });
 
   it('refuses nonsense bounds', () => {
-    expect(() => new Backoff({ initialMs: 0, maxMs: 10 })).toThrow(RangeError);
-    expect(() => new Backoff({ initialMs: 100, maxMs: 10 })).toThrow(RangeError);
+    expect(() => new Backoff({ initialMs: 0, maxMs: 10 }, Math.random)).toThrow(RangeError);
+    expect(() => new Backoff({ initialMs: 100, maxMs: 10 }, Math.random)).toThrow(RangeError);
   });
 });

@@ -4,11 +4,11 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadKubeConfig, type KubeConfigEnv } from '../src/io/kube/kubeconfig.js';
-import { createSource } from '../src/io/kube/create-source.js';
+import { createSource } from '../src/create-source.js';
 import { ApiSource } from '../src/io/kube/api-source.js';
 import { FileSource } from '../src/io/kube/file-source.js';
 import { buildConfig } from '../src/config.js';
-import { UsageError } from '../src/errors.js';
+import { UsageError } from '../src/core/errors.js';
 import { silentLogger } from '../src/log.js';
 
 /** Where the API is found: flag, in-cluster, $KUBECONFIG, ~/.kube/config, --master on top. */

@@ -255,7 +255,7 @@ describe.each(['api', 'file'] as const)('Service semantics from the %s source', 
 
   it('follows the session affinity timeout as the Service changes', async () => {
     const state = (timeoutSeconds: number): ClusterState => ({ services: [svc('web', '10.99.0.10', { sessionAffinity: 'ClientIP', timeoutSeconds })], slices: [slice('web', [A, B])] });
-    const affinity = (): unknown => h.proxier.unitStats().find((u) => u.unit.id === 'default/web:http')?.unit.affinity;
+    const affinity = (): unknown => h.units.stats().find((u) => u.unit.id === 'default/web:http')?.unit.affinity;
     await h.setState(state(10800));
     await waitFor(() => JSON.stringify(affinity()) === JSON.stringify({ type: 'ClientIP', timeoutSeconds: 10800 }), 'ClientIP affinity');
     const first = await answering(WEB, port, 4);

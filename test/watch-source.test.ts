@@ -1,7 +1,7 @@
 import type { V1EndpointSlice, V1Node, V1Service } from '@kubernetes/client-node';
 import { afterEach, describe, expect, it } from 'vitest';
 import type { NodeInfo } from '../src/core/model.js';
-import type { StateSink } from '../src/core/state-cache.js';
+import type { StateSink } from '../src/seams/state-sink.js';
 import { HttpKubeApi } from '../src/io/kube/api-client.js';
 import { PROXY_LABEL_SELECTOR } from '../src/io/kube/api-resources.js';
 import { ApiSource, type ApiSourceOptions } from '../src/io/kube/api-source.js';

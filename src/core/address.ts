@@ -1,5 +1,62 @@
-import { UsageError } from '../errors.js';
-import { isIP, isIPv4, isIPv6 } from './ip.js';
+import { UsageError } from './errors.js';
+
+/**
+ * Addresses, in one place: IP syntax, CIDRs, `host:port` as flags take it and as logs and keys
+ * print it. Pure, so the core, the portals and the config all read addresses the same way.
+ *
+ * IP syntax is checked the way Kubernetes validation does (netutils.ParseIPSloppy's strict
+ * sibling): dotted-decimal IPv4 without leading zeros, RFC 4291 IPv6 text with an optional
+ * trailing dotted quad, and no zone (`%eth0`), which no Kubernetes address field accepts. node:net's
+ * isIP would take a zone, and ipaddr.js's parse reads `010.96.0.1` as octal: neither fits input
+ * validation.
+ */
+
+// --- IP syntax -------------------------------------------------------------------------------
+
+export type IPFamily = 4 | 6;
+
+const OCTET = /^(?:0|[1-9]\d{0,2})$/;
+const HEXTET = /^[0-9a-fA-F]{1,4}$/;
+
+export function isIPv4(s: string): boolean {
+  const parts = s.split('.');
+  if (parts.length !== 4) return false;
+  return parts.every((p) => OCTET.test(p) && Number(p) <= 255);
+}
+
+export function isIPv6(s: string): boolean {
+  if (!s.includes(':')) return false;
+  const halves = s.split('::');
+  if (halves.length > 2) return false;
+  const head = halves[0] === '' ? [] : (halves[0] ?? '').split(':');
+  const tail = halves.length === 2 ? (halves[1] === '' ? [] : (halves[1] ?? '').split(':')) : [];
+  const groups = [...head, ...tail];
+  // A trailing dotted quad stands for two 16-bit groups (e.g. ::ffff:192.0.2.1); it must end the
+  // text, so `1.2.3.4::` is not one.
+  let width = groups.length;
+  const last = groups[groups.length - 1];
+  if (last !== undefined && last.includes('.') && !s.endsWith('::')) {
+    if (!isIPv4(last)) return false;
+    groups.pop();
+    width += 1;
+  }
+  if (!groups.every((g) => HEXTET.test(g))) return false;
+  // With `::`, at least one group is elided; without it, all eight must be written.
+  return halves.length === 2 ? width <= 7 : width === 8;
+}
+
+/** 4 or 6 for a valid address, undefined otherwise. */
+export function ipFamily(s: string): IPFamily | undefined {
+  if (isIPv4(s)) return 4;
+  if (isIPv6(s)) return 6;
+  return undefined;
+}
+
+export function isIP(s: string): boolean {
+  return ipFamily(s) !== undefined;
+}
+
+// --- host:port --------------------------------------------------------------------------------
 
 export interface HostPort {
   host: string;
@@ -38,14 +95,96 @@ export function parseHostPort(text: string, what: string, defaultPort?: number):
   return { host, port };
 }
 
-/** Parses a CIDR such as 10.96.0.0/12 or fd00::/108; throws UsageError naming `what`. */
-export function parseCIDR(text: string, what: string): { ip: string; prefix: number; family: 4 | 6 } {
-  const [ip, bits, ...rest] = text.trim().split('/');
-  const family = ip && isIPv4(ip) ? 4 : ip && isIPv6(ip) ? 6 : 0;
-  const prefix = Number(bits);
-  const max = family === 4 ? 32 : 128;
-  if (!ip || family === 0 || rest.length > 0 || bits === undefined || !/^\d+$/.test(bits) || prefix > max) {
-    throw new UsageError(`${what}: "${text}" is not a CIDR (expected e.g. 10.96.0.0/12)`);
+/** `host:port`, or `[host]:port` for IPv6: how every address with a port is printed and keyed. */
+export function hostPort(a: { host: string; port: number }): string {
+  return a.host.includes(':') ? `[${a.host}]:${a.port}` : `${a.host}:${a.port}`;
+}
+
+// --- CIDRs ------------------------------------------------------------------------------------
+// Membership is computed here rather than with node:net's BlockList: core/ is pure, and a Cidr is
+// plain data that crosses to workers. Addresses are compared as 32- or 128-bit integers; an IPv4
+// address never belongs to an IPv6 CIDR or the other way round.
+
+/** The address as an integer of its family's width; undefined when `ip` is not an address. */
+export function ipToBigInt(ip: string): { family: IPFamily; value: bigint } | undefined {
+  const family = ipFamily(ip);
+  if (family === 4) return { family, value: v4Value(ip) };
+  if (family === 6) return { family, value: v6Value(ip) };
+  return undefined;
+}
+
+function v4Value(ip: string): bigint {
+  return ip.split('.').reduce((acc, octet) => (acc << 8n) | BigInt(Number(octet)), 0n);
+}
+
+/** Precondition: `ip` is valid IPv6 text (ip.ts said so). */
+function v6Value(ip: string): bigint {
+  let text = ip;
+  const tail: number[] = [];
+  const lastColon = text.lastIndexOf(':');
+  const last = text.slice(lastColon + 1);
+  if (last.includes('.')) {
+    // An embedded dotted quad fills the last two groups.
+    const v = Number(v4Value(last));
+    tail.push(v >>> 16, v & 0xffff);
+    text = `${text.slice(0, lastColon + 1)}0`; // placeholder group, dropped below
   }
-  return { ip, prefix, family };
+  const [head = '', rest] = text.split('::');
+  const headGroups = head === '' ? [] : head.split(':');
+  const restGroups = rest === undefined || rest === '' ? [] : rest.split(':');
+  if (tail.length > 0) (rest === undefined ? headGroups : restGroups).pop();
+  const written = headGroups.length + restGroups.length + tail.length;
+  const zeros = rest === undefined ? 0 : 8 - written;
+  const groups = [...headGroups.map((g) => parseInt(g, 16)), ...new Array<number>(zeros).fill(0), ...restGroups.map((g) => parseInt(g, 16)), ...tail];
+  return groups.reduce((acc, g) => (acc << 16n) | BigInt(g), 0n);
+}
+
+export interface Cidr {
+  family: IPFamily;
+  base: bigint;
+  prefix: number;
+  text: string;
+}
+
+/** Parses `a.b.c.d/n` or `v6/n` (the address part checked as isIP does); undefined when malformed. */
+export function parseCidr(text: string): Cidr | undefined {
+  const [ip, bits, ...extra] = text.trim().split('/');
+  if (ip === undefined || bits === undefined || extra.length > 0 || !/^\d+$/.test(bits)) return undefined;
+  const addr = ipToBigInt(ip);
+  if (!addr) return undefined;
+  const width = addr.family === 4 ? 32 : 128;
+  const prefix = Number(bits);
+  if (prefix > width) return undefined;
+  return { family: addr.family, base: addr.value & mask(prefix, width), prefix, text: text.trim() };
+}
+
+function mask(prefix: number, width: number): bigint {
+  const all = (1n << BigInt(width)) - 1n;
+  return prefix === 0 ? 0n : (all >> BigInt(width - prefix)) << BigInt(width - prefix);
+}
+
+export function cidrContains(cidr: Cidr, ip: string): boolean {
+  const addr = ipToBigInt(ip);
+  if (!addr || addr.family !== cidr.family) return false;
+  const width = cidr.family === 4 ? 32 : 128;
+  return (addr.value & mask(cidr.prefix, width)) === cidr.base;
+}
+
+/** IPv6 link-local (fe80::/10): such addresses need a zone, so no portal uses them. */
+export function isLinkLocalV6(ip: string): boolean {
+  const addr = ipToBigInt(ip);
+  return addr?.family === 6 && addr.value >> 118n === 0x3fan;
+}
+
+/** A key equal for every spelling of one address (`fd00::a` and `fd00:0:0::A`); the text itself when not an address. */
+export function addressKey(ip: string): string {
+  const addr = ipToBigInt(ip);
+  return addr ? `${addr.family}:${addr.value.toString(16)}` : ip;
+}
+
+/** A CIDR given by the user (a flag or config field): throws UsageError naming `what`. */
+export function parseCidrFlag(text: string, what: string): Cidr {
+  const cidr = parseCidr(text);
+  if (cidr === undefined) throw new UsageError(`${what}: "${text}" is not a CIDR (expected e.g. 10.96.0.0/12)`);
+  return cidr;
 }

@@ -1,4 +1,4 @@
-import { UsageError } from '../errors.js';
+import { UsageError } from './errors.js';
 
 /**
  * Go's time.ParseDuration, as kube-proxy's flags and config accept it: `250ms`, `30s`, `1m30s`,

@@ -1,3 +1,5 @@
+import { hostPort } from './address.js';
+
 /**
  * The proxy's own vocabulary, mapped onto upstream kube-proxy names (pkg/proxy/types.go).
  * Everything here is plain data: translation produces it, the proxier consumes it.
@@ -47,12 +49,8 @@ export interface Endpoint {
   nodeName?: string;
 }
 
-export function endpointAddr(ip: string, port: number): string {
-  return ip.includes(':') ? `[${ip}]:${port}` : `${ip}:${port}`;
-}
-
 export function toEndpoint(e: Pick<EndpointInfo, 'ip' | 'port' | 'nodeName'>): Endpoint {
-  const ep: Endpoint = { ip: e.ip, port: e.port, addr: endpointAddr(e.ip, e.port) };
+  const ep: Endpoint = { ip: e.ip, port: e.port, addr: hostPort({ host: e.ip, port: e.port }) };
   if (e.nodeName !== undefined) ep.nodeName = e.nodeName;
   return ep;
 }

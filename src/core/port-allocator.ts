@@ -1,4 +1,4 @@
-import { ProxyError, UsageError } from '../errors.js';
+import { ProxyError, UsageError } from './errors.js';
 import type { RandomSource } from './clock.js';
 
 /** Ports `base` through `base + size - 1` (k8s.io/apimachinery/pkg/util/net PortRange). */

@@ -11,19 +11,6 @@ import { SERVICE_NAME_LABEL, validateEndpointSlice, validateService } from './va
  * last good state.
  */
 
-/** What a source (file or API watch) drives; the cache is the only implementation that matters. */
-export interface StateSink {
-  upsertService(obj: V1Service): void;
-  deleteService(namespace: string, name: string): void;
-  upsertEndpointSlice(obj: V1EndpointSlice): void;
-  deleteEndpointSlice(namespace: string, name: string): void;
-  /** A full list: stored Services absent from it are removed. */
-  replaceServices(objs: readonly V1Service[]): void;
-  /** A full list: stored EndpointSlices absent from it are removed. */
-  replaceEndpointSlices(objs: readonly V1EndpointSlice[]): void;
-  setNode(node: NodeInfo): void;
-}
-
 export interface StateCacheOptions {
   onProblem: (p: ObjectProblem) => void;
 }
@@ -38,7 +25,8 @@ class Store<T extends Meta> {
   readonly reported = new Map<string, { version: string; problems: Set<string> }>();
 }
 
-export class StateCache implements StateSink {
+/** Its methods are the StateSink's (seams/state-sink.ts), which the change feed calls. */
+export class StateCache {
   private readonly onProblem: (p: ObjectProblem) => void;
   private readonly services = new Store<V1Service>();
   private readonly slices = new Store<V1EndpointSlice>();
@@ -51,27 +39,31 @@ export class StateCache implements StateSink {
     this.onProblem = opts.onProblem;
   }
 
-  upsertService(obj: V1Service): void {
+  /** Each change returns how many stored objects it altered (0: nothing new). */
+  upsertService(obj: V1Service): number {
     const svc = withNamespace(obj);
-    if (!this.admit(this.services, svc, validateService)) return;
+    if (!this.admit(this.services, svc, validateService)) return 0;
     const key = keyOf(svc);
-    if (isSameVersion(this.services.objects.get(key), svc)) return;
+    if (isSameVersion(this.services.objects.get(key), svc)) return 0;
     this.services.objects.set(key, svc);
     this.dirty.add(key);
+    return 1;
   }
 
-  deleteService(namespace: string, name: string): void {
+  deleteService(namespace: string, name: string): number {
     const key = `${namespace || 'default'}/${name}`;
     this.services.reported.delete(key);
-    if (this.services.objects.delete(key)) this.dirty.add(key);
+    if (!this.services.objects.delete(key)) return 0;
+    this.dirty.add(key);
+    return 1;
   }
 
-  upsertEndpointSlice(obj: V1EndpointSlice): void {
+  upsertEndpointSlice(obj: V1EndpointSlice): number {
     const slice = withNamespace(obj);
-    if (!this.admit(this.slices, slice, validateEndpointSlice)) return;
+    if (!this.admit(this.slices, slice, validateEndpointSlice)) return 0;
     const key = keyOf(slice);
     const old = this.slices.objects.get(key);
-    if (isSameVersion(old, slice)) return;
+    if (isSameVersion(old, slice)) return 0;
     if (old !== undefined) this.unindex(key, old);
     this.slices.objects.set(key, slice);
     const svcKey = serviceKeyOf(slice);
@@ -79,40 +71,48 @@ export class StateCache implements StateSink {
     if (set === undefined) this.slicesByService.set(svcKey, (set = new Set()));
     set.add(key);
     this.dirty.add(svcKey);
+    return 1;
   }
 
-  deleteEndpointSlice(namespace: string, name: string): void {
+  deleteEndpointSlice(namespace: string, name: string): number {
     const key = `${namespace || 'default'}/${name}`;
     this.slices.reported.delete(key);
     const old = this.slices.objects.get(key);
-    if (old === undefined) return;
+    if (old === undefined) return 0;
     this.slices.objects.delete(key);
     this.unindex(key, old);
+    return 1;
   }
 
-  replaceServices(objs: readonly V1Service[]): void {
+  replaceServices(objs: readonly V1Service[]): number {
     const listed = new Set(objs.map((o) => keyOf(withNamespace(o))));
+    let changed = 0;
     for (const key of [...this.services.objects.keys()]) {
-      if (!listed.has(key)) this.deleteService(...splitKey(key));
+      if (!listed.has(key)) changed += this.deleteService(...splitKey(key));
     }
     forgetUnlisted(this.services, listed);
-    for (const o of objs) this.upsertService(o);
+    for (const o of objs) changed += this.upsertService(o);
+    return changed;
   }
 
-  replaceEndpointSlices(objs: readonly V1EndpointSlice[]): void {
+  replaceEndpointSlices(objs: readonly V1EndpointSlice[]): number {
     const listed = new Set(objs.map((o) => keyOf(withNamespace(o))));
+    let changed = 0;
     for (const key of [...this.slices.objects.keys()]) {
-      if (!listed.has(key)) this.deleteEndpointSlice(...splitKey(key));
+      if (!listed.has(key)) changed += this.deleteEndpointSlice(...splitKey(key));
     }
     forgetUnlisted(this.slices, listed);
-    for (const o of objs) this.upsertEndpointSlice(o);
+    for (const o of objs) changed += this.upsertEndpointSlice(o);
+    return changed;
   }
 
   /** Locality and topology depend on the node's name and zone: a change to either touches every Service. */
-  setNode(node: NodeInfo): void {
+  setNode(node: NodeInfo): number {
     const old = this.currentNode;
     this.currentNode = { ...node };
-    if (old === undefined || old.name !== node.name || old.zone !== node.zone) this.markAllDirty();
+    if (old !== undefined && old.name === node.name && old.zone === node.zone) return 0;
+    this.markAllDirty();
+    return 1;
   }
 
   /** Service keys whose Service or slices changed since the last call. */

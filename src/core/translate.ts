@@ -1,7 +1,7 @@
 import type { V1EndpointSlice, V1Service, V1ServicePort } from '@kubernetes/client-node';
+import { hostPort } from './address.js';
 import {
   DEFAULT_AFFINITY_TIMEOUT_SECONDS,
-  endpointAddr,
   servicePortNameString,
   type AffinityPolicy,
   type EndpointInfo,
@@ -168,7 +168,7 @@ function endpointsFor(slices: readonly V1EndpointSlice[], portName: string, prot
       for (const ep of slice.endpoints ?? []) {
         const info = endpointInfo(ep, sp.port);
         if (info === undefined) continue;
-        const addr = endpointAddr(info.ip, info.port);
+        const addr = hostPort({ host: info.ip, port: info.port });
         const existing = byAddr.get(addr);
         if (existing === undefined || (!existing.ready && info.ready)) byAddr.set(addr, info);
       }

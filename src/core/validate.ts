@@ -1,6 +1,6 @@
 import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
 import type { ObjectProblem } from './model.js';
-import { ipFamily, isIP } from './ip.js';
+import { ipFamily, isIP } from './address.js';
 
 /**
  * Checks what the proxy relies on, no more: objects come from an API server (already validated

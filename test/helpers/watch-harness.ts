@@ -9,14 +9,16 @@ import { ServiceHealthServer } from '../../src/io/http/service-health.js';
 import { HttpKubeApi } from '../../src/io/kube/api-client.js';
 import { ApiSource } from '../../src/io/kube/api-source.js';
 import { FileSource } from '../../src/io/kube/file-source.js';
-import type { Source } from '../../src/io/kube/source.js';
+import type { Source } from '../../src/seams/source.js';
 import { DirectDialer } from '../../src/io/net/direct-dialer.js';
-import type { ProxySocket } from '../../src/io/net/proxy-socket.js';
+import type { ProxySocket } from '../../src/seams/proxy-socket.js';
 import { TcpProxySocket } from '../../src/io/net/tcp-proxy.js';
 import { UdpProxySocket } from '../../src/io/net/udp-proxy.js';
 import { LoopbackPortal } from '../../src/io/portal/loopback-portal.js';
 import type { Logger } from '../../src/log.js';
-import { Proxier, type ProxySocketFactory } from '../../src/proxier.js';
+import type { Proxier } from '../../src/proxier/proxier.js';
+import type { LocalUnitSet, ProxySocketFactory } from '../../src/proxier/unit-set.js';
+import { makeProxier } from './make-proxier.js';
 import { FakeApiServer, type ResourceName } from './fake-apiserver.js';
 import { list } from './objects.js';
 import { captureLogger, type LogRecord } from './proxy-fixtures.js';
@@ -39,6 +41,7 @@ export interface ClusterState {
 export interface Harness {
   kind: Kind;
   proxier: Proxier;
+  units: LocalUnitSet;
   health: ServiceHealthServer;
   logs: LogRecord[];
   /** The fake API server (API kind only). */
@@ -73,7 +76,7 @@ function socketFactory(logger: Logger): ProxySocketFactory {
 export async function startHarness(kind: Kind, opts: HarnessOptions): Promise<Harness> {
   const { logger, records } = captureLogger('info');
   const portal = new LoopbackPortal();
-  const proxier = new Proxier({
+  const { proxier, units } = makeProxier({
     portal,
     logger,
     balancerFactory: roundRobinFactory,
@@ -88,7 +91,7 @@ export async function startHarness(kind: Kind, opts: HarnessOptions): Promise<Ha
     bindAddress: '127.0.0.1',
   });
   const health = new ServiceHealthServer({ hosts: ['127.0.0.1'], logger });
-  proxier.onSync.push(() => void health.sync(proxier.serviceHealth()));
+  proxier.onSync((e) => void health.sync(e.serviceHealth));
   await portal.start();
 
   let source: Source;
@@ -125,6 +128,7 @@ export async function startHarness(kind: Kind, opts: HarnessOptions): Promise<Ha
   const harness: Harness = {
     kind,
     proxier,
+    units,
     health,
     logs: records,
     source,

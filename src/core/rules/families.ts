@@ -1,4 +1,4 @@
-import { ipFamily, type IPFamily } from '../ip.js';
+import { ipFamily, type IPFamily } from '../address.js';
 import type { ProxyUnit } from '../units.js';
 
 /** Which IP families a service port is served in, by `servicePort` key. */

@@ -1,5 +1,4 @@
-import type { IPFamily } from '../ip.js';
-import { cidrContains, isLinkLocalV6, parseCidr } from './cidr.js';
+import { cidrContains, isLinkLocalV6, parseCidr, type IPFamily } from '../address.js';
 
 /** One address of this node, as os.networkInterfaces() reports it. */
 export interface NodeAddress {

@@ -1,4 +1,4 @@
-import { ipFamily, type IPFamily } from '../ip.js';
+import { hostPort, ipFamily, parseCidr, type IPFamily } from '../address.js';
 import type { PortalAddress, Protocol } from '../model.js';
 import type { ProxyUnit } from '../units.js';
 import {
@@ -11,7 +11,6 @@ import {
   PROXY_PORTS_GUARD,
   type Table,
 } from './chains.js';
-import { parseCidr } from './cidr.js';
 import { familyHints, unitFamilies } from './families.js';
 import type { JumpPlan } from './iptables-save.js';
 
@@ -94,9 +93,6 @@ export function hostFamily(host: string): IPFamily {
   return host === '' ? 4 : (ipFamily(host) ?? 4);
 }
 
-function hostPort(ip: string, port: number): string {
-  return ip.includes(':') ? `[${ip}]:${port}` : `${ip}:${port}`;
-}
 
 function quote(text: string): string {
   return `"${text.replace(/["\\]/g, (c) => `\\${c}`)}"`;
@@ -169,12 +165,12 @@ function nodePortDestinations(family: IPFamily, cidrs: readonly string[]): Array
 
 function unitContext(input: IptablesRenderInput, unit: ProxyUnit, proxyPort: number, nodePortDests: Array<string | undefined>): UnitContext | string {
   if (isWildcard(input.bindAddress)) {
-    return { family: input.family, unit, proxyPort, containerTarget: `REDIRECT --to-ports ${proxyPort}`, hostTarget: `DNAT --to-destination ${hostPort(input.hostIP, proxyPort)}`, nodePortDests };
+    return { family: input.family, unit, proxyPort, containerTarget: `REDIRECT --to-ports ${proxyPort}`, hostTarget: `DNAT --to-destination ${hostPort({ host: input.hostIP, port: proxyPort })}`, nodePortDests };
   }
   if (ipFamily(input.bindAddress) !== input.family) {
     return `${unit.id}: cannot program its IPv${input.family} portals: proxy ports listen on --bind-address ${input.bindAddress} only`;
   }
-  const target = `DNAT --to-destination ${hostPort(input.bindAddress, proxyPort)}`;
+  const target = `DNAT --to-destination ${hostPort({ host: input.bindAddress, port: proxyPort })}`;
   return { family: input.family, unit, proxyPort, containerTarget: target, hostTarget: target, nodePortDests };
 }
 

@@ -1,6 +1,6 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import type { Logger } from '../../log.js';
+import type { Logger } from '../../seams/logger.js';
 
 export type Route = (req: IncomingMessage, res: ServerResponse) => void | Promise<void>;
 

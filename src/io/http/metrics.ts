@@ -1,18 +1,14 @@
-import type { V1EndpointSlice } from '@kubernetes/client-node';
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics, exponentialBuckets, linearBuckets } from 'prom-client';
 import type { Clock } from '../../core/clock.js';
 import { systemClock } from '../../core/clock.js';
-import { DIAL_LATENCY_BUCKETS, type ServicePortStats } from '../../core/stats.js';
-import { StatsLedger, type Reading, type Totals } from '../../core/stats-ledger.js';
-import type { StateSink } from '../../core/state-cache.js';
-import { ProgrammingLatencyTracker } from '../kube/programming-latency.js';
-import type { ProxyUnit } from '../../core/units.js';
-import type { SinkObserver } from '../../observed-sink.js';
-import type { SyncSummary } from '../../proxier.js';
+import { StatsLedger, type Reading } from '../../core/stats-ledger.js';
+import { ProgrammingLatencyTracker } from '../../core/programming-latency.js';
+import type { ChangeEvent, ProxierEvents, SyncEvent } from '../../seams/proxier-events.js';
+import type { UnitStats } from '../../seams/unit-set.js';
 import type { ProbeObserver } from './healthz.js';
 import type { HttpServer } from './http-server.js';
 import { sendText } from './http-server.js';
-import { renderServicePortMetrics } from './service-port-metrics.js';
+import { renderDialLatencyHistogram, renderServicePortMetrics } from './service-port-metrics.js';
 
 /**
  * `/metrics` in Prometheus text format, with prom-client.
@@ -27,19 +23,14 @@ import { renderServicePortMetrics } from './service-port-metrics.js';
  * only, never a client or endpoint address, so their number is bounded by the cluster's Services.
  */
 
-/** The parts of the Proxier that metrics read. */
-export interface MetricsProxier {
-  unitStats(): Array<{ unit: ProxyUnit; stats: ServicePortStats }>;
-  readonly onSync: Array<(s: SyncSummary) => void>;
-  readonly lastSyncAt: number | undefined;
-  /** When the oldest change not yet applied was queued, on the proxier's clock. */
-  readonly pendingSince: number | undefined;
-  /** Service ports whose Local traffic policy finds no endpoint on this node, as of the last sync. */
-  noLocalEndpoints(): { internal: number; external: number };
+/** What metrics read: the sync loop's events, and the unit set's counters at scrape time. */
+export interface MetricsSources {
+  events: ProxierEvents;
+  stats(): ReadonlyArray<Pick<UnitStats, 'unit' | 'stats'>>;
 }
 
 export interface MetricsOptions {
-  /** The proxier's clock (pendingSince is read on it). */
+  /** The sync loop's clock (its events' times are on it). */
   clock?: Clock;
   /** Wall-clock milliseconds since the epoch, for timestamps and trigger-time latencies. */
   wallNow?: () => number;
@@ -50,9 +41,7 @@ export interface MetricsOptions {
 /** Upstream's buckets for network programming latency: 0, 0.25 s, 0.5 s, 1-59 s, 60-115 s by 5, 2-5 min by 30 s. */
 const NETWORK_PROGRAMMING_BUCKETS = [0, ...linearBuckets(0.25, 0.25, 2), ...linearBuckets(1, 1, 59), ...linearBuckets(60, 5, 12), ...linearBuckets(120, 30, 7)];
 
-/** Bound on trigger times waiting for a sync: far above what one sync period collects. */
-
-export class ProxyMetrics implements SinkObserver, ProbeObserver {
+export class ProxyMetrics implements ProbeObserver {
   readonly registry = new Registry();
   private readonly clock: Clock;
   private readonly wallNow: () => number;
@@ -73,7 +62,7 @@ export class ProxyMetrics implements SinkObserver, ProbeObserver {
   private readonly livezTotal: Counter<'code'>;
 
   constructor(
-    private readonly proxier: MetricsProxier,
+    private readonly sources: MetricsSources,
     opts: MetricsOptions = {},
   ) {
     this.clock = opts.clock ?? systemClock;
@@ -98,43 +87,48 @@ export class ProxyMetrics implements SinkObserver, ProbeObserver {
     this.healthzTotal = new Counter({ name: 'kubeproxy_proxy_healthz_total', help: 'Cumulative proxy healthz HTTP status', labelNames: ['code'], registers });
     this.livezTotal = new Counter({ name: 'kubeproxy_proxy_livez_total', help: 'Cumulative proxy livez HTTP status', labelNames: ['code'], registers });
     this.defineReadingMetrics();
-    proxier.onSync.push((s) => this.synced(s));
+    sources.events.onChange((e) => this.changed(e));
+    sources.events.onSync((e) => this.synced(e));
   }
 
   /** Takes one reading of every service port's counters and renders the registry. */
   async render(): Promise<string> {
-    const live = this.proxier.unitStats();
+    const live = this.sources.stats();
     this.running = live.length;
     this.reading = this.ledger.read(live.map(({ unit, stats }) => ({ labels: { servicePort: unit.servicePort, protocol: unit.protocol, scope: unit.scope }, stats })));
-    return (await this.registry.metrics()) + renderServicePortMetrics(this.reading.series);
+    return (await this.registry.metrics()) + renderDialLatencyHistogram(this.reading.node) + renderServicePortMetrics(this.reading.series);
   }
 
   get contentType(): string {
     return this.registry.contentType;
   }
 
-  // --- SinkObserver: changes as they reach the proxier -------------------------------------------
-
-  servicesChanged(count: number): void {
-    this.serviceChanges.inc(count);
-    this.queued();
-  }
-
-  endpointSlicesChanged(upserted: readonly V1EndpointSlice[], deleted: number): void {
-    this.endpointChanges.inc(upserted.length + deleted);
-    this.queued();
-  }
+  // --- the sync loop's events ---------------------------------------------------------------------
 
   /**
-   * The sink between a source and the proxier, noting the trigger times of changed slices: a
-   * slice counts when its `last-change-trigger-time` is new, so a re-list does not count again.
+   * A change reached the loop. Like kube-proxy's change trackers, only a change that altered
+   * something counts and queues a sync (a re-list or a resync brings nothing new).
    */
-  wrapSink(sink: StateSink): StateSink {
-    return this.latency.wrap(sink);
-  }
-
-  nodeChanged(): void {
-    this.queued();
+  private changed(e: ChangeEvent): void {
+    const c = e.change;
+    switch (c.kind) {
+      case 'upsertEndpointSlice':
+        this.latency.upserted(c.object);
+        break;
+      case 'deleteEndpointSlice':
+        this.latency.deleted(c.namespace, c.name);
+        break;
+      case 'replaceEndpointSlices':
+        this.latency.replaced(c.objects);
+        break;
+      default:
+        break;
+    }
+    if (e.changed === 0) return;
+    if (c.kind === 'upsertService' || c.kind === 'deleteService' || c.kind === 'replaceServices') this.serviceChanges.inc(e.changed);
+    else if (c.kind !== 'setNode') this.endpointChanges.inc(e.changed);
+    // kube-proxy queues syncs (and stamps this gauge) once initialized: after the first sync.
+    if (e.initialized) this.lastQueued.set(this.wallNow() / 1000);
   }
 
   // --- ProbeObserver -------------------------------------------------------------------------------
@@ -143,27 +137,18 @@ export class ProxyMetrics implements SinkObserver, ProbeObserver {
     (path === 'healthz' ? this.healthzTotal : this.livezTotal).inc({ code: String(status) });
   }
 
-  private queued(): void {
-    // kube-proxy queues syncs (and stamps this gauge) once initialized: after the first sync.
-    if (this.proxier.lastSyncAt !== undefined) this.lastQueued.set(this.wallNow() / 1000);
-  }
-
-  private synced(s: SyncSummary): void {
-    this.syncDuration.observe(s.durationMs / 1000);
+  private synced(e: SyncEvent): void {
+    this.syncDuration.observe(e.summary.durationMs / 1000);
     // A failed portal sync is upstream's failed iptables-restore: not "successfully synced", and
     // the changes it carried are not programmed yet.
-    if (s.portalErrors > 0) return;
-    const now = this.wallNow();
-    this.lastSynced.set(now / 1000);
-    this.latency.synced(s);
-    // The proxier keeps these counts per Service as it syncs: reading them is free, and a change
-    // that arrived during this sync shows at the next one.
-    const counts = this.proxier.noLocalEndpoints();
-    this.noLocalEndpoints.set({ traffic_policy: 'internal' }, counts.internal);
-    this.noLocalEndpoints.set({ traffic_policy: 'external' }, counts.external);
+    if (e.summary.portalErrors > 0) return;
+    this.lastSynced.set(this.wallNow() / 1000);
+    this.latency.synced(e);
+    this.noLocalEndpoints.set({ traffic_policy: 'internal' }, e.noLocalEndpoints.internal);
+    this.noLocalEndpoints.set({ traffic_policy: 'external' }, e.noLocalEndpoints.external);
   }
 
-  /** What is read from the reading rather than recorded: the service-port count and node-wide dial latency. */
+  /** What is read from the reading rather than recorded: the service-port count. */
   private defineReadingMetrics(): void {
     const registers = [this.registry];
     const running = (): number => this.running;
@@ -175,55 +160,15 @@ export class ProxyMetrics implements SinkObserver, ProbeObserver {
         this.set(running());
       },
     });
-    new DialLatencyHistogram(registers, () => this.reading?.node);
-  }
-}
-
-/**
- * Dial latency over every service port of the node (per service port it would be 15 series
- * each). prom-client cannot take bucket counts, so the reading is rendered directly.
- */
-const DIAL_DURATION_NAME = 'kube_userspace_proxy_dial_duration_seconds';
-const DIAL_DURATION_HELP = 'Time to connect to an endpoint, successful dials only';
-
-class DialLatencyHistogram extends Histogram {
-  constructor(
-    registers: Registry[],
-    private readonly node: () => Totals | undefined,
-  ) {
-    super({ name: DIAL_DURATION_NAME, help: DIAL_DURATION_HELP, buckets: [...DIAL_LATENCY_BUCKETS], registers });
-  }
-
-  override async get(): ReturnType<Histogram['get']> {
-    const t = this.node();
-    const name = DIAL_DURATION_NAME;
-    const values: Array<{ labels: Record<string, string | number>; value: number; metricName: string }> = [];
-    let cumulative = 0;
-    DIAL_LATENCY_BUCKETS.forEach((le, i) => {
-      cumulative += t?.dialLatencyCounts[i] ?? 0;
-      values.push({ labels: { le }, value: cumulative, metricName: `${name}_bucket` });
-    });
-    values.push({ labels: { le: '+Inf' }, value: t?.dialLatencyCount ?? 0, metricName: `${name}_bucket` });
-    values.push({ labels: {}, value: t?.dialLatencySum ?? 0, metricName: `${name}_sum` });
-    values.push({ labels: {}, value: t?.dialLatencyCount ?? 0, metricName: `${name}_count` });
-    // Histogram.get() would render its own (empty) observations: build the whole object here.
-    const metric = { name, help: DIAL_DURATION_HELP, type: 'histogram', aggregator: 'sum', values };
-    return metric as unknown as Awaited<ReturnType<Histogram['get']>>;
-  }
-
-  /** The registry renders through this when present. */
-  getForPromString(): ReturnType<Histogram['get']> {
-    return this.get();
   }
 }
 
 /**
  * Adds `/metrics` (and kube-proxy's `/proxyMode`) to the admin server. The returned metrics
- * observe the proxier's syncs; put them on the sink too (`observeSink(proxier.sink, metrics)`)
- * for the change counters, and hand them to the health server as its ProbeObserver.
+ * follow the sync loop's events; hand them to the health server as its ProbeObserver.
  */
-export function attachMetrics(admin: HttpServer, proxier: MetricsProxier, opts: MetricsOptions = {}): ProxyMetrics {
-  const metrics = new ProxyMetrics(proxier, opts);
+export function attachMetrics(admin: HttpServer, sources: MetricsSources, opts: MetricsOptions = {}): ProxyMetrics {
+  const metrics = new ProxyMetrics(sources, opts);
   admin.route('/metrics', async (_req, res) => sendText(res, 200, await metrics.render(), metrics.contentType));
   admin.route('/proxyMode', (_req, res) => sendText(res, 200, 'userspace'));
   return metrics;

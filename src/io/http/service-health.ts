@@ -1,10 +1,11 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { nodePortAddresses } from '../../core/rules/node-address.js';
-import { errnoCode } from '../../errors.js';
-import type { Logger } from '../../log.js';
+import { hostPort } from '../../core/address.js';
+import { errnoCode } from '../../core/errors.js';
+import type { Logger } from '../../seams/logger.js';
 import type { NodeAddressSource } from '../portal/node-addresses.js';
-import type { PortalMode } from '../portal/portal.js';
+import type { PortalMode } from '../../seams/portal.js';
 
 /**
  * kube-proxy's healthCheckNodePort servers (pkg/proxy/healthcheck/service_health.go): for every
@@ -76,7 +77,7 @@ export class ServiceHealthServer {
       localEndpoints: i.localEndpoints,
       addresses: i.servers.map((s) => {
         const a = s.address() as AddressInfo;
-        return a.family === 'IPv6' ? `[${a.address}]:${a.port}` : `${a.address}:${a.port}`;
+        return hostPort({ host: a.address, port: a.port });
       }),
     }));
   }

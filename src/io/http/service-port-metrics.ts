@@ -1,4 +1,5 @@
 import { DIAL_FAILURE_REASONS, type Series, type Totals } from '../../core/stats-ledger.js';
+import { DIAL_LATENCY_BUCKETS } from '../../core/stats.js';
 
 /**
  * The per-service-port metrics (`kube_userspace_proxy_*`), rendered straight from a ledger
@@ -66,5 +67,24 @@ export function renderServicePortMetrics(series: readonly Series[]): string {
     });
   }
   out.push('');
+  return out.join('\n');
+}
+
+const DIAL_DURATION_NAME = 'kube_userspace_proxy_dial_duration_seconds';
+
+/**
+ * Dial latency over every service port of the node, as a Prometheus histogram (per service port
+ * it would be 15 series each). The counts are already bucketed on the data path, and prom-client
+ * takes observations, not bucket counts: rendered here like the families above.
+ */
+export function renderDialLatencyHistogram(t: Totals | undefined): string {
+  const name = DIAL_DURATION_NAME;
+  const out = [`# HELP ${name} Time to connect to an endpoint, successful dials only`, `# TYPE ${name} histogram`];
+  let cumulative = 0;
+  DIAL_LATENCY_BUCKETS.forEach((le, i) => {
+    cumulative += t?.dialLatencyCounts[i] ?? 0;
+    out.push(`${name}_bucket{le="${le}"} ${cumulative}`);
+  });
+  out.push(`${name}_bucket{le="+Inf"} ${t?.dialLatencyCount ?? 0}`, `${name}_sum ${t?.dialLatencySum ?? 0}`, `${name}_count ${t?.dialLatencyCount ?? 0}`, '');
   return out.join('\n');
 }

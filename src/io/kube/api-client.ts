@@ -2,7 +2,7 @@ import { request as httpRequest, type ClientRequest, type IncomingMessage } from
 import { request as httpsRequest, type RequestOptions } from 'node:https';
 import { StringDecoder } from 'node:string_decoder';
 import type { KubeConfig } from '@kubernetes/client-node';
-import { ProxyError, errnoCode } from '../../errors.js';
+import { ProxyError, errnoCode } from '../../core/errors.js';
 
 /**
  * The two API calls a reflector makes, GET a list and GET a watch stream, behind a seam.

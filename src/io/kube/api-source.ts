@@ -1,13 +1,13 @@
 import type { KubernetesObject, V1EndpointSlice, V1Node, V1Service } from '@kubernetes/client-node';
 import type { NodeInfo } from '../../core/model.js';
-import type { StateSink } from '../../core/state-cache.js';
+import type { StateSink } from '../../seams/state-sink.js';
 import type { RandomSource } from '../../core/clock.js';
-import type { Logger } from '../../log.js';
+import type { Logger } from '../../seams/logger.js';
 import type { KubeApi } from './api-client.js';
 import { API_RESOURCES, PROXY_LABEL_SELECTOR, type ApiResource } from './api-resources.js';
-import type { BackoffOptions } from './backoff.js';
+import type { BackoffOptions } from '../../core/backoff.js';
 import { Reflector, type ReflectorHandlers, type ReflectorStats } from './reflector.js';
-import type { Source } from './source.js';
+import type { Source } from '../../seams/source.js';
 
 /**
  * Services, EndpointSlices and this node's Node from a cluster: one reflector (list + watch)

@@ -2,10 +2,10 @@ import { watch, watchFile, unwatchFile, type FSWatcher, type Stats } from 'node:
 import { readFile } from 'node:fs/promises';
 import { performance } from 'node:perf_hooks';
 import { dirname } from 'node:path';
-import type { StateSink } from '../../core/state-cache.js';
+import type { StateSink } from '../../seams/state-sink.js';
 import { problemString, type ObjectProblem } from '../../core/model.js';
-import { errnoCode } from '../../errors.js';
-import type { Logger } from '../../log.js';
+import { errnoCode } from '../../core/errors.js';
+import type { Logger } from '../../seams/logger.js';
 import { startsLikeJson } from './json-list-scan.js';
 import { ManifestReader, type ManifestChange } from './manifest-reader.js';
 

@@ -2,7 +2,7 @@ import { existsSync } from 'node:fs';
 import { homedir } from 'node:os';
 import { join } from 'node:path';
 import { KubeConfig, type Cluster } from '@kubernetes/client-node';
-import { UsageError } from '../../errors.js';
+import { UsageError } from '../../core/errors.js';
 
 /**
  * Where the API server and credentials come from, in this order:

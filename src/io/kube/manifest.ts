@@ -4,7 +4,7 @@ import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
 import { CORE_SCHEMA, loadAll, YAMLException } from 'js-yaml';
 import type { ObjectProblem } from '../../core/model.js';
 import { objectLabel } from '../../core/validate.js';
-import { ProxyError } from '../../errors.js';
+import { ProxyError } from '../../core/errors.js';
 
 /**
  * A state file: what `kubectl get svc,endpointslices -A -o yaml` prints (a `v1 List`), a typed

@@ -1,9 +1,9 @@
 import type { KubernetesObject } from '@kubernetes/client-node';
 import type { RandomSource } from '../../core/clock.js';
-import { errnoCode } from '../../errors.js';
-import type { Logger } from '../../log.js';
+import { errnoCode } from '../../core/errors.js';
+import type { Logger } from '../../seams/logger.js';
 import { isRecord, KubeApiError, statusError, type KubeApi, type WatchEvent } from './api-client.js';
-import { Backoff, type BackoffOptions } from './backoff.js';
+import { Backoff, type BackoffOptions } from '../../core/backoff.js';
 
 /**
  * List, then watch from the list's resourceVersion, for one resource (client-go's Reflector):
@@ -89,7 +89,7 @@ export class Reflector<T extends KubernetesObject> {
   constructor(private readonly opts: ReflectorOptions<T>) {
     this.log = opts.logger.child({ component: 'reflector', resource: opts.name });
     this.random = opts.random ?? Math.random;
-    this.backoff = new Backoff(opts.backoff, this.random);
+    this.backoff = new Backoff(opts.backoff ?? {}, this.random);
     this.synced = new Promise((resolve) => {
       this.resolveSynced = resolve;
     });

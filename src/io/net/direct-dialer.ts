@@ -1,5 +1,5 @@
 import { connect, type Socket } from 'node:net';
-import type { Dialer, DialRequest } from './dialer.js';
+import type { Dialer, DialRequest } from '../../seams/dialer.js';
 
 /**
  * Dials the endpoint directly over TCP. Half-open is allowed so a client's FIN can be passed on

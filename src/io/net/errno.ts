@@ -1,5 +1,5 @@
 import type { DialFailureReason } from '../../core/stats.js';
-import { errnoCode } from '../../errors.js';
+import { errnoCode } from '../../core/errors.js';
 
 /** The stats bucket of a failed dial, by errno (never by message text). */
 export function dialFailureReason(err: unknown): DialFailureReason {

@@ -2,12 +2,13 @@ import { createServer, isIPv4, type AddressInfo, type OnReadOpts, type Server, t
 import type { LoadBalancer } from '../../core/balancer/load-balancer.js';
 import type { Endpoint } from '../../core/model.js';
 import { ServicePortStats } from '../../core/stats.js';
-import type { Logger } from '../../log.js';
-import type { Dialer, DialRequest } from './dialer.js';
+import type { Logger } from '../../seams/logger.js';
+import type { Dialer, DialRequest } from '../../seams/dialer.js';
 import { dialFailureReason, isOutOfDescriptors } from './errno.js';
-import { listenKey } from './listen-key.js';
-import type { BoundAddress, ListenAddress, ProxySocket } from './proxy-socket.js';
-import { RateLimiter } from './rate-limiter.js';
+import { hostPort } from '../../core/address.js';
+import type { BoundAddress, ListenAddress, ProxySocket } from '../../seams/proxy-socket.js';
+import { systemClock } from '../../core/clock.js';
+import { RateLimiter } from '../../core/rate-limiter.js';
 import { catchUp, readInto, relay, relayEnd, resetSocket, type EndpointReads, type TcpConn } from './tcp-conn.js';
 
 /** Upstream's endpointDialTimeout: one attempt per entry, each on a freshly picked endpoint. */
@@ -40,7 +41,7 @@ export class TcpProxySocket implements ProxySocket {
   private readonly listeners = new Map<string, { server: Server; bound: BoundAddress }>();
   private readonly conns = new Set<TcpConn>();
   private drainWaiters: (() => void)[] = [];
-  private readonly fdWarnings = new RateLimiter(1000);
+  private readonly fdWarnings = new RateLimiter(1000, systemClock.now);
 
   constructor(opts: TcpProxySocketOptions) {
     this.stats = opts.stats ?? new ServicePortStats();
@@ -79,7 +80,7 @@ export class TcpProxySocket implements ProxySocket {
         const info = addr.port !== 0 && isIPv4(addr.host) ? undefined : (server.address() as AddressInfo);
         const bound = info ? { host: info.address, port: info.port } : { host: addr.host, port: addr.port };
         server.on('error', (err) => this.onListenerError(err, bound));
-        this.listeners.set(listenKey(bound), { server, bound });
+        this.listeners.set(hostPort(bound), { server, bound });
         resolve(bound);
       });
     });
@@ -90,7 +91,7 @@ export class TcpProxySocket implements ProxySocket {
   }
 
   async unlisten(addr: BoundAddress): Promise<void> {
-    const key = listenKey(addr);
+    const key = hostPort(addr);
     const listener = this.listeners.get(key);
     if (!listener) return; // already gone is not a failure
     this.listeners.delete(key);
@@ -293,7 +294,7 @@ export class TcpProxySocket implements ProxySocket {
     // libuv absorbs most accept EMFILEs itself (it closes the pending connections with a reserved
     // descriptor); those that surface are logged the same way as a dial's.
     if (isOutOfDescriptors(err)) this.warnOutOfDescriptors(err, 'accept');
-    else this.log.error({ err, address: listenKey(bound) }, 'listener error');
+    else this.log.error({ err, address: hostPort(bound) }, 'listener error');
   }
 
   private warnOutOfDescriptors(err: unknown, during: 'accept' | 'dial'): void {

@@ -3,12 +3,13 @@ import { lookup as dnsLookup } from 'node:dns';
 import { isIP, isIPv6 } from 'node:net';
 import type { LoadBalancer } from '../../core/balancer/load-balancer.js';
 import { ServicePortStats } from '../../core/stats.js';
-import { errnoCode } from '../../errors.js';
-import type { Logger } from '../../log.js';
+import { errnoCode } from '../../core/errors.js';
+import type { Logger } from '../../seams/logger.js';
 import { isOutOfDescriptors } from './errno.js';
-import { listenKey } from './listen-key.js';
-import type { BoundAddress, ListenAddress, ProxySocket } from './proxy-socket.js';
-import { RateLimiter } from './rate-limiter.js';
+import { hostPort } from '../../core/address.js';
+import type { BoundAddress, ListenAddress, ProxySocket } from '../../seams/proxy-socket.js';
+import { systemClock } from '../../core/clock.js';
+import { RateLimiter } from '../../core/rate-limiter.js';
 import { clientKey, type UdpListener, type UdpSession } from './udp-session.js';
 
 /** kube-proxy's --udp-timeout default. */
@@ -48,8 +49,8 @@ export class UdpProxySocket implements ProxySocket {
   private readonly listeners = new Map<string, UdpListener>();
   private sessionCount = 0;
   private drainWaiters: (() => void)[] = [];
-  private readonly reclaimWarnings = new RateLimiter(1000);
-  private readonly fdWarnings = new RateLimiter(1000);
+  private readonly reclaimWarnings = new RateLimiter(1000, systemClock.now);
+  private readonly fdWarnings = new RateLimiter(1000, systemClock.now);
 
   constructor(opts: UdpProxySocketOptions) {
     this.stats = opts.stats ?? new ServicePortStats();
@@ -83,8 +84,8 @@ export class UdpProxySocket implements ProxySocket {
         const bound = { host: info.address, port: info.port };
         const listener: UdpListener = { socket, bound, sessions: new Map(), refused: new Set() };
         socket.on('message', (msg, rinfo) => this.onClientDatagram(listener, msg, rinfo));
-        socket.on('error', (err) => this.log.error({ err, address: listenKey(bound) }, 'listener error'));
-        this.listeners.set(listenKey(bound), listener);
+        socket.on('error', (err) => this.log.error({ err, address: hostPort(bound) }, 'listener error'));
+        this.listeners.set(hostPort(bound), listener);
         resolve(bound);
       });
     });
@@ -99,7 +100,7 @@ export class UdpProxySocket implements ProxySocket {
    * socket, so once it is closed they could not reach their clients.
    */
   async unlisten(addr: BoundAddress): Promise<void> {
-    const key = listenKey(addr);
+    const key = hostPort(addr);
     const listener = this.listeners.get(key);
     if (!listener) return; // already gone is not a failure
     this.listeners.delete(key);

@@ -1,6 +1,6 @@
 import type { Socket as DgramSocket } from 'node:dgram';
 import type { Endpoint } from '../../core/model.js';
-import type { BoundAddress } from './proxy-socket.js';
+import type { BoundAddress } from '../../seams/proxy-socket.js';
 
 /** One UDP listener (a service address and port) and the client sessions behind it. */
 export interface UdpListener {

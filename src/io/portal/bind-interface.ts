@@ -1,4 +1,4 @@
-import { addressKey, isLinkLocalV6 } from '../../core/rules/cidr.js';
+import { addressKey, isLinkLocalV6 } from '../../core/address.js';
 import { CommandError, type CommandRunner } from './command-runner.js';
 
 /** The bind portal's interface: service addresses live on it, and deleting it removes them all. */

@@ -1,5 +1,5 @@
 import { execFileSync, spawn } from 'node:child_process';
-import { ProxyError, errnoCode } from '../../errors.js';
+import { ProxyError, errnoCode } from '../../core/errors.js';
 
 /**
  * The one way the portals touch the node: running `iptables-restore`, `iptables-save` and `ip`.

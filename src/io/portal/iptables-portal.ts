@@ -1,17 +1,17 @@
-import type { IPFamily } from '../../core/ip.js';
+import type { IPFamily } from '../../core/address.js';
 import { familyHints, unitFamilies } from '../../core/rules/families.js';
 import { parseIptablesSave, planRemoval, planJumps, type JumpPlan } from '../../core/rules/iptables-save.js';
 import { chooseHostIP } from '../../core/rules/node-address.js';
 import { familyInUse, isWildcard, nodePortHoldHosts, proxyPortHosts, renderIptablesRules, restorePayload } from '../../core/rules/render-iptables.js';
 import type { ProxyUnit } from '../../core/units.js';
-import { UsageError } from '../../errors.js';
-import type { Logger } from '../../log.js';
+import { UsageError } from '../../core/errors.js';
+import type { Logger } from '../../seams/logger.js';
 import { BindInterface } from './bind-interface.js';
 import { firstLine, isMissingCommand, type CommandRunner } from './command-runner.js';
 import { IptablesRunner } from './iptables-runner.js';
 import { cleanupError, removeLeftovers } from './leftovers.js';
 import type { NodeAddressSource } from './node-addresses.js';
-import type { ListenSpec, Portal, PortalSyncResult, RunningUnitView } from './portal.js';
+import type { ListenSpec, Portal, PortalSyncResult, RunningUnitView } from '../../seams/portal.js';
 
 export interface IptablesPortalOptions {
   runner: CommandRunner;

@@ -1,4 +1,4 @@
-import type { IPFamily } from '../../core/ip.js';
+import type { IPFamily } from '../../core/address.js';
 import type { CommandRunner } from './command-runner.js';
 
 /**

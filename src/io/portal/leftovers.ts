@@ -1,6 +1,6 @@
-import type { IPFamily } from '../../core/ip.js';
+import type { IPFamily } from '../../core/address.js';
 import { parseIptablesSave, planRemoval } from '../../core/rules/iptables-save.js';
-import { ProxyError } from '../../errors.js';
+import { ProxyError } from '../../core/errors.js';
 import type { BindInterface } from './bind-interface.js';
 import { isMissingCommand } from './command-runner.js';
 import type { IptablesRunner } from './iptables-runner.js';

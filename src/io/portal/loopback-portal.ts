@@ -1,6 +1,6 @@
 import { loopbackAddressFor } from '../../core/loopback-address.js';
 import type { ProxyUnit } from '../../core/units.js';
-import type { ListenSpec, Portal, PortalSyncResult, RunningUnitView } from './portal.js';
+import type { ListenSpec, Portal, PortalSyncResult, RunningUnitView } from '../../seams/portal.js';
 
 /**
  * The no-root portal: each Service listens at its own 127/8 address on its real port(s), node

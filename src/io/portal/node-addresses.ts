@@ -1,6 +1,6 @@
 import { existsSync, readFileSync } from 'node:fs';
 import { networkInterfaces } from 'node:os';
-import type { IPFamily } from '../../core/ip.js';
+import type { IPFamily } from '../../core/address.js';
 import { defaultRouteInterfaceV4, defaultRouteInterfaceV6, type NodeAddress } from '../../core/rules/node-address.js';
 
 /** What the portals need to know about the node's own addresses; read fresh on every call. */

@@ -1,5 +1,5 @@
-import type { Protocol } from '../../core/model.js';
-import type { ServicePortStats } from '../../core/stats.js';
+import type { Protocol } from '../core/model.js';
+import type { ServicePortStats } from '../core/stats.js';
 
 export interface ListenAddress {
   host: string;

@@ -1,5 +1,5 @@
-import type { PortalAddress } from '../../core/model.js';
-import type { ProxyUnit } from '../../core/units.js';
+import type { PortalAddress } from '../core/model.js';
+import type { ProxyUnit } from '../core/units.js';
 
 export type PortalMode = 'loopback' | 'bind' | 'iptables';
 export const PORTAL_MODES: readonly PortalMode[] = ['loopback', 'bind', 'iptables'];

@@ -1,4 +1,4 @@
-import type { RandomSource } from '../../core/clock.js';
+import type { RandomSource } from './clock.js';
 
 /**
  * Capped exponential backoff with jitter, for re-listing and re-watching after API errors
@@ -25,7 +25,7 @@ export class Backoff {
   private base: number;
   private count = 0;
 
-  constructor(opts: Partial<BackoffOptions> = {}, private readonly random: RandomSource = Math.random) {
+  constructor(opts: Partial<BackoffOptions>, private readonly random: RandomSource) {
     this.opts = { ...DEFAULT_BACKOFF, ...opts };
     if (!(this.opts.initialMs > 0) || !(this.opts.maxMs >= this.opts.initialMs)) {
       throw new RangeError(`backoff: need 0 < initialMs <= maxMs, got ${this.opts.initialMs} and ${this.opts.maxMs}`);

@@ -1,9 +1,7 @@
-import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
-import type { Clock } from '../../core/clock.js';
-import type { NodeInfo } from '../../core/model.js';
-import type { StateSink } from '../../core/state-cache.js';
-import { TRIGGER_TIME_ANNOTATION } from '../../core/translate.js';
-import { SERVICE_NAME_LABEL } from '../../core/validate.js';
+import type { V1EndpointSlice } from '@kubernetes/client-node';
+import type { Clock } from './clock.js';
+import { TRIGGER_TIME_ANNOTATION } from './translate.js';
+import { SERVICE_NAME_LABEL } from './validate.js';
 
 /**
  * Network programming latency, kube-proxy's network_programming_duration_seconds: from the
@@ -12,8 +10,8 @@ import { SERVICE_NAME_LABEL } from '../../core/validate.js';
  * new connections use it. Also, from the moment the change reached this proxy.
  *
  * No hook in the proxier is needed: a sync takes every change queued before it started, so a
- * change that reached the sink before `now - durationMs` of a finished sync is programmed by it.
- * Wire `wrap(sink)` between the source and the proxier, and `synced` into proxier.onSync.
+ * change that reached the loop before a finished sync started is programmed by it. Metrics feed
+ * it the loop's change and sync events.
  *
  * As kube-proxy: a slice counts when its trigger time is new (the controller rewrites the
  * annotation with every change it makes, so an unchanged annotation is a re-list or a resync,
@@ -63,36 +61,31 @@ export class ProgrammingLatencyTracker {
     return this.pending.length;
   }
 
-  /** A sink that forwards everything to `sink` and notes the trigger times of changed slices. */
-  wrap(sink: StateSink): StateSink {
-    return {
-      upsertService: (o: V1Service) => sink.upsertService(o),
-      deleteService: (ns: string, name: string) => sink.deleteService(ns, name),
-      replaceServices: (objs: readonly V1Service[]) => sink.replaceServices(objs),
-      setNode: (node: NodeInfo) => sink.setNode(node),
-      upsertEndpointSlice: (o: V1EndpointSlice) => {
-        sink.upsertEndpointSlice(o);
-        this.note(o);
-      },
-      deleteEndpointSlice: (ns: string, name: string) => {
-        sink.deleteEndpointSlice(ns, name);
-        this.seen.delete(`${ns || 'default'}/${name}`);
-      },
-      replaceEndpointSlices: (objs: readonly V1EndpointSlice[]) => {
-        sink.replaceEndpointSlices(objs);
-        const listed = new Set(objs.map(sliceKey));
-        for (const key of [...this.seen.keys()]) if (!listed.has(key)) this.seen.delete(key);
-        for (const o of objs) this.note(o);
-      },
-    };
+  /** An EndpointSlice was stored or updated. */
+  upserted(slice: V1EndpointSlice): void {
+    this.note(slice);
   }
 
-  /** A sync finished (proxier.onSync): everything that arrived before it started is programmed. */
-  synced(summary: { durationMs: number }): void {
+  deleted(namespace: string, name: string): void {
+    this.seen.delete(`${namespace || 'default'}/${name}`);
+  }
+
+  /** A full list of EndpointSlices: the ones it lacks are gone. */
+  replaced(slices: readonly V1EndpointSlice[]): void {
+    const listed = new Set(slices.map(sliceKey));
+    for (const key of [...this.seen.keys()]) if (!listed.has(key)) this.seen.delete(key);
+    for (const o of slices) this.note(o);
+  }
+
+  /**
+   * A sync finished: everything that arrived before it started is programmed. `startedAt` is on
+   * the tracker's clock (the sync loop's).
+   */
+  synced(sync: { startedAt: number }): void {
     if (this.pending.length === 0) return;
     const now = this.opts.clock.now();
     const wall = this.opts.wallNow();
-    const started = now - summary.durationMs;
+    const started = sync.startedAt;
     const still: Pending[] = [];
     for (const p of this.pending) {
       if (p.arrived > started) {

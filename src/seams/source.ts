@@ -1,4 +1,4 @@
-import type { StateSink } from '../../core/state-cache.js';
+import type { StateSink } from './state-sink.js';
 
 /**
  * Where Services and EndpointSlices come from: a state file (FileSource) or a cluster

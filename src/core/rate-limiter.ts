@@ -9,7 +9,7 @@ export class RateLimiter {
 
   constructor(
     private readonly intervalMs: number,
-    private readonly now: () => number = () => performance.now(),
+    private readonly now: () => number,
   ) {}
 
   /** Undefined when this event is held back; otherwise how many were held back since the last one let through. */

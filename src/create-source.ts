@@ -1,15 +1,15 @@
 import type { V1Node } from '@kubernetes/client-node';
-import type { ProxyConfig } from '../../config.js';
-import { UsageError } from '../../errors.js';
-import type { Logger } from '../../log.js';
-import { HttpKubeApi } from './api-client.js';
-import { ApiSource } from './api-source.js';
-import { FileSource } from './file-source.js';
-import type { KubeConfigEnv } from './kubeconfig.js';
-import { errnoCode } from '../../errors.js';
-import type { Source } from './source.js';
+import type { ProxyConfig } from './config.js';
+import { UsageError } from './core/errors.js';
+import type { Logger } from './log.js';
+import { HttpKubeApi } from './io/kube/api-client.js';
+import { ApiSource } from './io/kube/api-source.js';
+import { FileSource } from './io/kube/file-source.js';
+import type { KubeConfigEnv } from './io/kube/kubeconfig.js';
+import { errnoCode } from './core/errors.js';
+import type { Source } from './seams/source.js';
 
-export type { Source } from './source.js';
+export type { Source } from './seams/source.js';
 
 export interface CreateSourceDeps {
   logger: Logger;
@@ -49,9 +49,9 @@ export async function createSource(config: ProxyConfig, deps: CreateSourceDeps):
   });
 }
 
-async function loadKubeConfigModule(): Promise<typeof import('./kubeconfig.js')> {
+async function loadKubeConfigModule(): Promise<typeof import('./io/kube/kubeconfig.js')> {
   try {
-    return await import('./kubeconfig.js');
+    return await import('./io/kube/kubeconfig.js');
   } catch (err) {
     // Node 20's module loader held hundreds of descriptors while the client's modules loaded; 24's
     // closes each file as it goes, so only a limit already used up by something else gets here.

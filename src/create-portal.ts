@@ -1,11 +1,11 @@
-import type { ProxyConfig } from '../../config.js';
-import type { Logger } from '../../log.js';
-import { BindPortal } from './bind-portal.js';
-import { processRunner, type CommandRunner } from './command-runner.js';
-import { IptablesPortal } from './iptables-portal.js';
-import { LoopbackPortal } from './loopback-portal.js';
-import { systemNodeAddresses, type NodeAddressSource } from './node-addresses.js';
-import type { Portal } from './portal.js';
+import type { ProxyConfig } from './config.js';
+import type { Logger } from './log.js';
+import { BindPortal } from './io/portal/bind-portal.js';
+import { processRunner, type CommandRunner } from './io/portal/command-runner.js';
+import { IptablesPortal } from './io/portal/iptables-portal.js';
+import { LoopbackPortal } from './io/portal/loopback-portal.js';
+import { systemNodeAddresses, type NodeAddressSource } from './io/portal/node-addresses.js';
+import type { Portal } from './seams/portal.js';
 
 /** What the node-level portals run and read; tests inject fakes. */
 export interface PortalDeps {

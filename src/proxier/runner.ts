@@ -27,6 +27,8 @@ export class BoundedFrequencyRunner {
   private timerDue = Infinity;
   private running: Promise<void> | undefined;
   private pending = false;
+  /** When a retry asked for during a run is due (Infinity: none). */
+  private retryDue = Infinity;
   private stopped = true;
 
   constructor(
@@ -56,6 +58,19 @@ export class BoundedFrequencyRunner {
     }
     const wait = Math.max(0, this.lastRun + this.minIntervalMs - this.timers.now());
     this.schedule(wait, false);
+  }
+
+  /**
+   * Ask for a run in `ms` at the latest (upstream RetryAfter): after a run that failed. A request
+   * that comes sooner is served sooner, as usual.
+   */
+  retryAfter(ms: number): void {
+    if (this.stopped) return;
+    if (this.running) {
+      this.retryDue = Math.min(this.retryDue, this.timers.now() + ms);
+      return;
+    }
+    this.schedule(Math.max(ms, this.lastRun + this.minIntervalMs - this.timers.now()), false);
   }
 
   /** Resolves when the current run, if any, has finished. */
@@ -95,7 +110,10 @@ export class BoundedFrequencyRunner {
     });
     await this.running;
     if (this.stopped) return;
+    const retryDue = this.retryDue;
+    this.retryDue = Infinity;
     if (this.pending) this.run();
     else this.schedule(Math.max(0, this.lastPeriodicRun + this.maxIntervalMs - this.timers.now()), true);
+    if (retryDue !== Infinity) this.schedule(Math.max(0, retryDue - this.timers.now(), this.lastRun + this.minIntervalMs - this.timers.now()), false);
   }
 }

@@ -4,16 +4,12 @@
  */
 export type ProxyErrorCode =
   | 'USAGE' // a bad flag or config value: print one line, exit 2
-  | 'INVALID_OBJECT' // a Kubernetes object failed validation
   | 'PARSE' // a state or config file did not parse
+  | 'STARTUP' // a part could not start (an address in use): print one line, exit 1
   | 'PORT_RANGE_EXHAUSTED'
-  | 'PORT_IN_USE'
-  | 'PORT_PRIVILEGED'
   | 'PORTAL' // a portal could not be programmed
-  | 'DIAL' // no endpoint could be dialed
-  | 'NO_ENDPOINTS'
   | 'API' // the Kubernetes API answered with an error
-  | 'INTERNAL';
+  | 'INTERNAL'; // a bug: an invariant did not hold
 
 export class ProxyError extends Error {
   readonly code: ProxyErrorCode;

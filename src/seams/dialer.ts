@@ -1,5 +1,5 @@
 import type { OnReadOpts, Socket } from 'node:net';
-import type { Endpoint } from '../../core/model.js';
+import type { Endpoint } from '../core/model.js';
 
 /**
  * The dialer seam. The default dials the endpoint directly over TCP; later dialers may tunnel

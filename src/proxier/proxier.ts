@@ -1,0 +1,304 @@
+import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
+import { Backoff } from '../core/backoff.js';
+import type { Clock, RandomSource } from '../core/clock.js';
+import type { NodeInfo, ObjectProblem } from '../core/model.js';
+import { problemString } from '../core/model.js';
+import { PlanTotals, planService, type ServiceHealth } from '../core/plan.js';
+import { StateCache } from '../core/state-cache.js';
+import { Topic } from '../core/topic.js';
+import { diffUnits, type ProxyUnit } from '../core/units.js';
+import type { Logger } from '../seams/logger.js';
+import type { Portal } from '../seams/portal.js';
+import type { ChangeEvent, ProxierEvents, StateChange, SyncEvent, SyncSummary } from '../seams/proxier-events.js';
+import type { StateSink } from '../seams/state-sink.js';
+import type { UnitBatch, UnitSet, UnitStatus } from '../seams/unit-set.js';
+import { BoundedFrequencyRunner } from './runner.js';
+
+export interface ProxierOptions {
+  portal: Portal;
+  /** Where the sockets live: this process's (LocalUnitSet) or, later, workers'. */
+  units: UnitSet;
+  logger: Logger;
+  clock: Clock;
+  random: RandomSource;
+  node: NodeInfo;
+  /** `--iptables-min-sync-period`: bursts of changes merge into one sync at most this often. */
+  minSyncPeriodMs: number;
+  /** `--iptables-sync-period`: a full resync (portal re-check) at least this often. */
+  syncPeriodMs: number;
+}
+
+/** What /services reports for a unit: the unit set's view, with the portal that serves it. */
+export type ServicePortStatus = UnitStatus & { portal: string };
+
+/** Retries of a sync that failed: from 1 s, doubling, up to the periodic resync. */
+const RETRY_INITIAL_MS = 1000;
+
+/**
+ * The sync loop (upstream pkg/proxy/userspace/proxier.go, reshaped): sources write objects into
+ * `sink`; the cache merges changes per Service; one rate-limited runner syncs. A sync plans each
+ * changed Service (core/plan.ts), hands the unit set one batch of opens, updates and closes,
+ * programs the portal when its rules can have changed, and publishes one SyncEvent. Nothing is
+ * programmed before `setSynced()`.
+ */
+export class Proxier implements ProxierEvents {
+  readonly cache: StateCache;
+  readonly sink: StateSink;
+  private readonly log: Logger;
+  private readonly runner: BoundedFrequencyRunner;
+  private readonly units: UnitSet;
+  /** The units this loop asked for, per Service key: what the next plan is diffed against. */
+  private readonly unitsByService = new Map<string, ProxyUnit[]>();
+  private unitCount = 0;
+  private readonly totals = new PlanTotals();
+  private readonly noticed = new Set<string>();
+  private readonly changes: Topic<ChangeEvent>;
+  private readonly syncs: Topic<SyncEvent>;
+  private readonly retry: Backoff;
+  private synced = false;
+  private syncCount = 0;
+  /** Set by shutdown: no sync starts, and one under way opens nothing more. */
+  private stopping = false;
+  /** The sync under way, if any: shutdown waits for it before closing what runs. */
+  private current: Promise<void> | undefined;
+  /** True until the portal has been programmed once, and again after it failed. */
+  private portalNeedsSync = true;
+  /** When the oldest change not yet applied was queued, or undefined when none waits. */
+  private pendingSince: number | undefined;
+
+  constructor(private readonly opts: ProxierOptions) {
+    this.log = opts.logger.child({ component: 'proxier' });
+    this.units = opts.units;
+    this.cache = new StateCache({
+      onProblem: (p: ObjectProblem) => this.log.warn({ object: p.object, field: p.field, file: p.file }, problemString(p)),
+    });
+    const onError = (err: unknown): void => this.log.error({ err }, 'bug: a subscriber failed');
+    this.changes = new Topic(onError);
+    this.syncs = new Topic(onError);
+    this.sink = this.makeSink();
+    this.retry = new Backoff({ initialMs: RETRY_INITIAL_MS, maxMs: Math.max(RETRY_INITIAL_MS, opts.syncPeriodMs), jitter: 0.2 }, opts.random);
+    this.runner = new BoundedFrequencyRunner((periodic) => this.syncSafely(periodic), opts.minSyncPeriodMs, opts.syncPeriodMs);
+  }
+
+  get mode(): string {
+    return this.opts.portal.mode;
+  }
+
+  get node(): NodeInfo {
+    return this.opts.node;
+  }
+
+  onChange(listener: (e: ChangeEvent) => void): () => void {
+    return this.changes.subscribe(listener);
+  }
+
+  onSync(listener: (e: SyncEvent) => void): () => void {
+    return this.syncs.subscribe(listener);
+  }
+
+  /**
+   * The first full lists have arrived: program them now (resolves after that first sync), and from
+   * then on program changes through the rate-limited runner.
+   */
+  async setSynced(): Promise<void> {
+    if (this.synced) return;
+    this.synced = true;
+    await this.syncSafely(false);
+    this.runner.start();
+    if (this.pendingSince !== undefined) this.runner.run();
+    this.units.start();
+  }
+
+  /** Ask for a sync (merged with others within the minimum sync period). */
+  requestSync(): void {
+    this.pendingSince ??= this.opts.clock.now();
+    if (this.synced) this.runner.run();
+  }
+
+  /** Re-plan every Service from memory (kube-proxy's config resync), at the next sync. */
+  resync(): void {
+    this.cache.markAllDirty();
+    this.requestSync();
+  }
+
+  /** Run one sync now (tests, and the first sync at start-up). */
+  async syncNow(periodic = false): Promise<SyncSummary> {
+    await this.runner.idle();
+    let summary: SyncSummary | undefined;
+    const off = this.onSync((e) => {
+      summary = e.summary;
+    });
+    try {
+      await this.syncSafely(periodic);
+    } finally {
+      off();
+    }
+    if (summary === undefined) throw new Error('the sync failed (see the log)');
+    return summary;
+  }
+
+  status(): ServicePortStatus[] {
+    const portal = this.opts.portal.mode;
+    return this.units.status().map((s) => ({ ...s, portal }));
+  }
+
+  /** Active connections and sessions over every socket, running or retired. */
+  activeConnections(): number {
+    return this.units.activeConnections();
+  }
+
+  /**
+   * Stop syncing and accepting, let established connections finish for up to `graceMs`, then cut
+   * what remains. Portal rules are left to the caller (they stay in place across a restart).
+   */
+  async shutdown(graceMs: number): Promise<{ cut: number }> {
+    this.stopping = true;
+    this.runner.stop();
+    // A sync under way could otherwise open sockets after the unit set's snapshot, never to be closed.
+    await this.current;
+    return this.units.shutdown(graceMs);
+  }
+
+  private makeSink(): StateSink {
+    const cache = this.cache;
+    const apply = (change: StateChange, changed: number): void => {
+      if (changed > 0) this.requestSync();
+      this.changes.publish({ change, changed, initialized: this.syncCount > 0 });
+    };
+    return {
+      upsertService: (object: V1Service) => apply({ kind: 'upsertService', object }, cache.upsertService(object)),
+      deleteService: (namespace: string, name: string) => apply({ kind: 'deleteService', namespace, name }, cache.deleteService(namespace, name)),
+      upsertEndpointSlice: (object: V1EndpointSlice) => apply({ kind: 'upsertEndpointSlice', object }, cache.upsertEndpointSlice(object)),
+      deleteEndpointSlice: (namespace: string, name: string) => apply({ kind: 'deleteEndpointSlice', namespace, name }, cache.deleteEndpointSlice(namespace, name)),
+      replaceServices: (objects: readonly V1Service[]) => apply({ kind: 'replaceServices', objects }, cache.replaceServices(objects)),
+      replaceEndpointSlices: (objects: readonly V1EndpointSlice[]) => apply({ kind: 'replaceEndpointSlices', objects }, cache.replaceEndpointSlices(objects)),
+      setNode: (node: NodeInfo) => {
+        this.opts.node.zone = node.zone;
+        apply({ kind: 'setNode', node }, cache.setNode(node));
+      },
+    };
+  }
+
+  private async syncSafely(periodic: boolean): Promise<void> {
+    if (this.stopping) return;
+    const run = this.sync(periodic).then(
+      () => this.retry.reset(),
+      (err: unknown) => {
+        // A bug, not input: keep its stack, keep serving what runs, and try again soon (the
+        // changes it took were handed back to the cache), backing off while it keeps failing.
+        const delay = this.retry.next();
+        this.log.error({ err, retryInMs: delay }, 'sync failed');
+        this.runner.retryAfter(delay);
+      },
+    );
+    this.current = run;
+    await run;
+    if (this.current === run) this.current = undefined;
+  }
+
+  private async sync(periodic: boolean): Promise<void> {
+    const started = this.opts.clock.now();
+    this.pendingSince = undefined;
+    const taken = this.cache.takeDirty();
+    try {
+      await this.apply(taken, periodic, started);
+    } catch (err) {
+      this.cache.markDirty(taken);
+      throw err;
+    }
+  }
+
+  private async apply(dirty: ReadonlySet<string>, periodic: boolean, started: number): Promise<void> {
+    const summary: SyncSummary = { services: 0, units: 0, opened: 0, closed: 0, recreated: 0, updated: 0, listenErrors: 0, portalErrors: 0, durationMs: 0 };
+    const batch: UnitBatch = { close: [], recreate: [], open: [], update: [] };
+    const planned = new Map<string, ProxyUnit[]>();
+    for (const key of dirty) {
+      const desired = this.plan(key);
+      if (desired === undefined) continue;
+      const diff = diffUnits(this.unitsByService.get(key) ?? [], desired);
+      for (const u of diff.close) batch.close.push(u.id);
+      for (const { to } of diff.recreate) batch.recreate.push({ unit: to, listen: this.opts.portal.listenSpecs(to) });
+      for (const u of diff.open) batch.open.push({ unit: u, listen: this.opts.portal.listenSpecs(u) });
+      for (const { to } of diff.update) batch.update.push(to);
+      planned.set(key, desired);
+    }
+    summary.closed = batch.close.length;
+    summary.recreated = batch.recreate.length;
+    summary.opened = batch.open.length;
+    summary.updated = batch.update.length;
+    let prepareErrors: string[] = [];
+    if (this.opts.portal.prepare) {
+      prepareErrors = (await this.opts.portal.prepare([...planned.values()].flat())).errors;
+      for (const e of prepareErrors) this.log.error({ portal: this.opts.portal.mode }, e);
+    }
+    if (this.stopping) {
+      this.cache.markDirty(dirty);
+      return;
+    }
+    const applied = await this.units.apply(batch);
+    for (const [key, desired] of planned) this.record(key, desired);
+    summary.listenErrors = applied.listenErrors;
+    // Rules and addresses depend on units' portals and proxy ports, not on their endpoints: an
+    // endpoint change (the common event) leaves the portal alone. The first sync, the periodic one,
+    // and any after a portal failure always program it.
+    const portalChanged = summary.opened + summary.closed + summary.recreated + applied.rebound > 0;
+    let portalErrors: string[] = [];
+    if (portalChanged || periodic || this.portalNeedsSync) {
+      portalErrors = (await this.opts.portal.sync(this.units.views(), periodic)).errors;
+      for (const e of portalErrors) this.log.error({ portal: this.opts.portal.mode }, e);
+      this.portalNeedsSync = portalErrors.length > 0;
+    }
+    summary.portalErrors = prepareErrors.length + portalErrors.length;
+    summary.services = this.unitsByService.size;
+    summary.units = this.unitCount;
+    const finished = this.opts.clock.now();
+    summary.durationMs = Math.round((finished - started) * 100) / 100;
+    const changedSomething = summary.opened + summary.closed + summary.recreated + summary.updated + summary.listenErrors + summary.portalErrors > 0;
+    // A resync that changed nothing is routine: say so only at debug.
+    if (changedSomething || this.syncCount === 0) this.log.info({ ...summary, periodic }, 'synced proxy rules');
+    else if (this.log.isLevelEnabled('debug')) this.log.debug({ ...summary, periodic }, 'synced proxy rules');
+    const first = this.syncCount === 0;
+    this.syncCount++;
+    this.syncs.publish({
+      summary,
+      periodic,
+      first,
+      startedAt: started,
+      finishedAt: finished,
+      serviceHealth: this.totals.serviceHealth(),
+      noLocalEndpoints: this.totals.noLocalEndpoints(),
+      listeners: this.units.listenerCount(),
+    });
+  }
+
+  /** The units a Service wants now, or undefined when planning it failed (a bug: logged, retried later). */
+  private plan(key: string): ProxyUnit[] | undefined {
+    try {
+      const plan = planService(key, this.cache.service(key), this.cache.slicesFor(key), this.opts.node);
+      if (plan.skipped !== undefined) this.noticeOnce(`${key}|skip|${plan.skipped}`, { service: key }, `skipping Service ${key}: ${plan.skipped}`);
+      for (const n of plan.notices) this.noticeOnce(`${key}|${n}`, { service: key }, `Service ${key}: ${n}`);
+      this.totals.set(key, this.cache.service(key) === undefined ? undefined : plan);
+      return plan.units;
+    } catch (err) {
+      // One Service's bug must not cost the others their changes: it keeps what runs for it and
+      // is tried again at the next sync.
+      this.log.error({ err, service: key }, 'planning the Service failed; keeping what runs for it');
+      this.cache.markDirty([key]);
+      return undefined;
+    }
+  }
+
+  private record(key: string, desired: ProxyUnit[]): void {
+    this.unitCount += desired.length - (this.unitsByService.get(key)?.length ?? 0);
+    if (desired.length > 0) this.unitsByService.set(key, desired);
+    else this.unitsByService.delete(key);
+  }
+
+  private noticeOnce(key: string, bindings: object, msg: string): void {
+    if (this.noticed.has(key)) return;
+    this.noticed.add(key);
+    this.log.warn(bindings, msg);
+  }
+}
+
+export type { ServiceHealth };

@@ -1,0 +1,279 @@
+import type { LoadBalancer, BalancerFactory } from '../core/balancer/load-balancer.js';
+import type { Clock, RandomSource } from '../core/clock.js';
+import { hostPort } from '../core/address.js';
+import { errnoCode } from '../core/errors.js';
+import type { Endpoint } from '../core/model.js';
+import type { PortAllocator } from '../core/port-allocator.js';
+import { ServicePortStats } from '../core/stats.js';
+import type { ProxyUnit } from '../core/units.js';
+import type { Logger } from '../seams/logger.js';
+import type { ListenSpec, RunningUnitView } from '../seams/portal.js';
+import type { BoundAddress, ProxySocket } from '../seams/proxy-socket.js';
+import type { UnitBatch, UnitBatchResult, UnitOpen, UnitSet, UnitStats, UnitStatus } from '../seams/unit-set.js';
+
+/** Builds the sockets of one unit; the composition root wires TCP and UDP proxy sockets here. */
+export type ProxySocketFactory = (unit: ProxyUnit, balancer: LoadBalancer, stats: ServicePortStats) => ProxySocket;
+
+export interface LocalUnitSetOptions {
+  logger: Logger;
+  balancerFactory: BalancerFactory;
+  socketFactory: ProxySocketFactory;
+  portAllocator: PortAllocator;
+  clock: Clock;
+  random: RandomSource;
+  /** Where proxy ports are bound when the portal asks for one with no host (`--bind-address`). */
+  bindAddress: string;
+  /** How often the one coarse sweep runs (UDP idle sessions, expired affinity). */
+  sweepIntervalMs: number;
+}
+
+/** One listener a unit wants, and what became of it. */
+interface ListenerState {
+  spec: ListenSpec;
+  bound?: BoundAddress;
+  error?: string;
+}
+
+interface RunningUnit {
+  unit: ProxyUnit;
+  balancer: LoadBalancer;
+  stats: ServicePortStats;
+  socket: ProxySocket;
+  listeners: ListenerState[];
+  proxyPort?: number;
+}
+
+/**
+ * The unit set of this process: real sockets for every unit (upstream's proxier kept them in its
+ * serviceMap). A listener that cannot bind is one clear error for its unit, retried at every
+ * apply; the unit's other listeners serve meanwhile. Closed units' sockets stop accepting at once,
+ * and their connections run on until they end ("retired").
+ */
+export class LocalUnitSet implements UnitSet {
+  private readonly log: Logger;
+  private readonly units = new Map<string, RunningUnit>();
+  /** Sockets closed by an apply whose connections still run: tracked for shutdown. */
+  private readonly retired = new Set<ProxySocket>();
+  private stopping = false;
+  private sweepTimer: NodeJS.Timeout | undefined;
+  private lastSweepAffinity = 0;
+
+  constructor(private readonly opts: LocalUnitSetOptions) {
+    this.log = opts.logger.child({ component: 'unit-set' });
+  }
+
+  async apply(batch: UnitBatch): Promise<UnitBatchResult> {
+    let listenErrors = 0;
+    const failedListeners = (id: string): number => this.units.get(id)?.listeners.filter((l) => l.error).length ?? 0;
+    for (const id of batch.close) this.closeUnit(id);
+    for (const o of batch.recreate) {
+      this.closeUnit(o.unit.id);
+      await this.openUnit(o);
+      listenErrors += failedListeners(o.unit.id);
+    }
+    for (const o of batch.open) {
+      await this.openUnit(o);
+      listenErrors += failedListeners(o.unit.id);
+    }
+    for (const u of batch.update) this.updateUnit(u);
+    const retried = await this.retryListeners(batch);
+    return { listenErrors: listenErrors + retried.failed, rebound: retried.bound };
+  }
+
+  views(): RunningUnitView[] {
+    return [...this.units.values()].map((ru) => (ru.proxyPort === undefined ? { unit: ru.unit } : { unit: ru.unit, proxyPort: ru.proxyPort }));
+  }
+
+  status(): UnitStatus[] {
+    const out: UnitStatus[] = [];
+    for (const ru of this.units.values()) out.push(unitStatus(ru));
+    return out.sort((a, b) => a.name.localeCompare(b.name));
+  }
+
+  stats(): UnitStats[] {
+    return [...this.units.values()].map((ru) => ({ unit: ru.unit, stats: ru.stats, active: ru.socket.active() }));
+  }
+
+  endpoints(id: string): readonly Endpoint[] | undefined {
+    return this.units.get(id)?.balancer.endpoints;
+  }
+
+  listenerCount(): number {
+    let n = 0;
+    for (const ru of this.units.values()) for (const l of ru.listeners) if (l.bound) n++;
+    return n;
+  }
+
+  activeConnections(): number {
+    let n = 0;
+    for (const ru of this.units.values()) n += ru.socket.active();
+    for (const s of this.retired) n += s.active();
+    return n;
+  }
+
+  start(): void {
+    if (this.sweepTimer || this.stopping) return;
+    this.sweepTimer = setInterval(() => this.sweep(), this.opts.sweepIntervalMs);
+    this.sweepTimer.unref();
+  }
+
+  async shutdown(graceMs: number): Promise<{ cut: number }> {
+    this.stopping = true;
+    if (this.sweepTimer) clearInterval(this.sweepTimer);
+    const sockets = [...[...this.units.values()].map((u) => u.socket), ...this.retired];
+    await Promise.allSettled(sockets.map((s) => s.close()));
+    const drained = Promise.allSettled(sockets.map((s) => s.drained()));
+    let timer: NodeJS.Timeout | undefined;
+    const graceOver = new Promise<'grace'>((resolve) => {
+      timer = setTimeout(() => resolve('grace'), graceMs);
+    });
+    const outcome = await Promise.race([drained.then(() => 'drained' as const), graceOver]);
+    clearTimeout(timer);
+    let cut = 0;
+    if (outcome === 'grace') {
+      for (const s of sockets) {
+        cut += s.active();
+        s.destroyAll();
+      }
+    }
+    this.units.clear();
+    this.retired.clear();
+    return { cut };
+  }
+
+  private async openUnit({ unit, listen }: UnitOpen): Promise<void> {
+    if (this.stopping) return;
+    // Only after a batch that failed half-way can a unit be opened twice: never leak the first.
+    this.closeUnit(unit.id);
+    const balancer = this.opts.balancerFactory({ clock: this.opts.clock, random: this.opts.random });
+    balancer.setAffinity(unit.affinity);
+    balancer.setEndpoints(unit.endpoints);
+    const stats = new ServicePortStats();
+    const socket = this.opts.socketFactory(unit, balancer, stats);
+    const listeners = listen.map((spec) => ({ spec }));
+    const ru: RunningUnit = { unit, balancer, stats, socket, listeners };
+    this.units.set(unit.id, ru);
+    for (const l of listeners) await this.bindListener(ru, l);
+    if (this.log.isLevelEnabled('debug')) this.log.debug({ service: unit.id, endpoints: unit.endpoints.map((e) => e.addr) }, 'opened service port');
+  }
+
+  private updateUnit(unit: ProxyUnit): void {
+    const ru = this.units.get(unit.id);
+    if (!ru) return;
+    ru.unit = unit;
+    ru.balancer.setAffinity(unit.affinity);
+    ru.balancer.setEndpoints(unit.endpoints);
+  }
+
+  private closeUnit(id: string): void {
+    const ru = this.units.get(id);
+    if (!ru) return;
+    this.units.delete(id);
+    if (ru.proxyPort !== undefined) this.opts.portAllocator.release(ru.proxyPort);
+    const socket = ru.socket;
+    this.retired.add(socket);
+    // Closing stops accepting; established TCP connections run on until they end.
+    void socket.close().then(
+      () => socket.drained(),
+      (err: unknown) => this.log.warn({ err, service: id }, 'closing service port failed'),
+    ).finally(() => this.retired.delete(socket));
+  }
+
+  /** Bind one listener; on failure record a clear error for that unit (retried at the next apply). */
+  private async bindListener(ru: RunningUnit, l: ListenerState): Promise<void> {
+    const { spec } = l;
+    try {
+      if (spec.proxyPort) {
+        // A unit has one proxy port number: a further proxy-port listener (its other IP family)
+        // binds that same number, so the portal's rules for both families point at one port.
+        l.bound = ru.proxyPort === undefined
+          ? await this.bindProxyPort(ru, spec.host)
+          : await ru.socket.listen({ host: spec.host || this.opts.bindAddress, port: ru.proxyPort });
+      } else {
+        l.bound = await ru.socket.listen({ host: spec.host, port: spec.port });
+      }
+      l.error = undefined;
+    } catch (err) {
+      const message = listenErrorMessage(err, spec);
+      if (l.error !== message) this.log.error({ service: ru.unit.id, err: errnoCode(err) ?? String(err) }, `${ru.unit.id}: ${message}`);
+      l.error = message;
+    }
+  }
+
+  private async bindProxyPort(ru: RunningUnit, host: string): Promise<BoundAddress> {
+    for (let attempt = 0; ; attempt++) {
+      const port = this.opts.portAllocator.allocateNext();
+      try {
+        const bound = await ru.socket.listen({ host: host || this.opts.bindAddress, port });
+        ru.proxyPort = bound.port;
+        return bound;
+      } catch (err) {
+        if (port !== 0 && errnoCode(err) === 'EADDRINUSE' && attempt < 16) {
+          this.opts.portAllocator.markInUse(port);
+          continue;
+        }
+        if (port !== 0) this.opts.portAllocator.release(port);
+        throw err;
+      }
+    }
+  }
+
+  /** Binds again what failed before this batch: how many still fail, and how many are bound now. */
+  private async retryListeners(batch: UnitBatch): Promise<{ failed: number; bound: number }> {
+    const fresh = new Set([...batch.open, ...batch.recreate].map((o) => o.unit.id));
+    let failed = 0;
+    let bound = 0;
+    for (const ru of this.units.values()) {
+      if (fresh.has(ru.unit.id)) continue;
+      for (const l of ru.listeners) {
+        if (!l.error) continue;
+        await this.bindListener(ru, l);
+        if (l.error) failed++;
+        else bound++;
+      }
+    }
+    return { failed, bound };
+  }
+
+  /** The one coarse timer: idle UDP sessions every tick, expired affinity about once a second. */
+  private sweep(): void {
+    // The sockets stamp activity with performance.now(): the sweep reads the same clock.
+    const now = performance.now();
+    const affinity = now - this.lastSweepAffinity >= 1000;
+    if (affinity) this.lastSweepAffinity = now;
+    for (const ru of this.units.values()) {
+      ru.socket.sweep(now);
+      if (affinity && ru.unit.affinity.type === 'ClientIP') ru.balancer.cleanupStaleStickySessions();
+    }
+  }
+}
+
+function unitStatus(ru: RunningUnit): UnitStatus {
+  return {
+    name: ru.unit.id,
+    servicePort: ru.unit.servicePort,
+    protocol: ru.unit.protocol,
+    scope: ru.unit.scope,
+    portals: ru.unit.portals,
+    reachable: ru.listeners.filter((l) => l.bound && !l.spec.proxyPort).map((l) => hostPort(l.bound as BoundAddress)),
+    proxyPort: ru.proxyPort ?? null,
+    endpoints: ru.balancer.endpoints.map((e: Endpoint) => e.addr),
+    sessionAffinity: ru.unit.affinity.type,
+    active: ru.socket.active(),
+    errors: ru.listeners.filter((l) => l.error).map((l) => l.error as string),
+  };
+}
+
+function listenErrorMessage(err: unknown, spec: ListenSpec): string {
+  const where = spec.proxyPort ? `a proxy port on ${spec.host || '*'}` : hostPort(spec);
+  switch (errnoCode(err)) {
+    case 'EACCES':
+      return `cannot listen on ${where}: permission denied; ports below 1024 need privilege (run as root, grant CAP_NET_BIND_SERVICE, or lower it with: sysctl net.ipv4.ip_unprivileged_port_start=${spec.port})`;
+    case 'EADDRINUSE':
+      return `cannot listen on ${where}: the address is in use by another process`;
+    case 'EADDRNOTAVAIL':
+      return `cannot listen on ${where}: the address is not local to this node`;
+    default:
+      return `cannot listen on ${where}: ${err instanceof Error ? err.message : String(err)}`;
+  }
+}

@@ -1,0 +1,76 @@
+import type { Endpoint, PortalAddress } from '../core/model.js';
+import type { ServicePortStats } from '../core/stats.js';
+import type { ProxyUnit } from '../core/units.js';
+import type { ListenSpec, RunningUnitView } from './portal.js';
+
+/**
+ * The unit set: the sockets of every running unit (listeners, balancers, connections), kept in
+ * line with what the sync loop sends. The loop plans and programs the portal; the unit set only
+ * opens, updates and closes what it is told. Everything crossing this seam is plain data, so the
+ * unit set can live in another process than the loop (workers).
+ */
+
+export interface UnitOpen {
+  unit: ProxyUnit;
+  /** The sockets the portal asks for (Portal.listenSpecs). */
+  listen: ListenSpec[];
+}
+
+/** One sync's worth of changes, applied in this order: close, recreate, open, update. */
+export interface UnitBatch {
+  /** Unit ids. */
+  close: string[];
+  /** Units whose sockets must be made anew (their protocol or portals changed). */
+  recreate: UnitOpen[];
+  open: UnitOpen[];
+  /** Units whose endpoints or affinity changed: the balancer follows, the sockets stay. */
+  update: ProxyUnit[];
+}
+
+export interface UnitBatchResult {
+  /** Listeners that failed to bind, in this batch and at the retry of earlier failures. */
+  listenErrors: number;
+  /** Listeners that failed before and are bound now: the portal has more to program. */
+  rebound: number;
+}
+
+/** What /services reports for a unit. */
+export interface UnitStatus {
+  name: string;
+  servicePort: string;
+  protocol: string;
+  scope: string;
+  portals: PortalAddress[];
+  reachable: string[];
+  proxyPort: number | null;
+  endpoints: string[];
+  sessionAffinity: string;
+  active: number;
+  errors: string[];
+}
+
+export interface UnitStats {
+  unit: ProxyUnit;
+  stats: ServicePortStats;
+  active: number;
+}
+
+export interface UnitSet {
+  apply(batch: UnitBatch): Promise<UnitBatchResult>;
+  /** Every running unit and its proxy port: what the portal programs. */
+  views(): RunningUnitView[];
+  status(): UnitStatus[];
+  stats(): UnitStats[];
+  /** The endpoints a unit's balancer holds now (tests, /services). */
+  endpoints(id: string): readonly Endpoint[] | undefined;
+  listenerCount(): number;
+  /** Connections and sessions alive, on running and retired sockets. */
+  activeConnections(): number;
+  /** Starts the one coarse sweep (idle UDP sessions, expired affinity). */
+  start(): void;
+  /**
+   * Stop accepting everywhere, let established connections finish for up to `graceMs`, then cut
+   * what remains.
+   */
+  shutdown(graceMs: number): Promise<{ cut: number }>;
+}

@@ -1,0 +1,40 @@
+import type { BalancerFactory } from '../../src/core/balancer/load-balancer.js';
+import type { Clock, RandomSource } from '../../src/core/clock.js';
+import type { NodeInfo } from '../../src/core/model.js';
+import type { PortAllocator } from '../../src/core/port-allocator.js';
+import type { Logger } from '../../src/log.js';
+import { Proxier } from '../../src/proxier/proxier.js';
+import { LocalUnitSet, type ProxySocketFactory } from '../../src/proxier/unit-set.js';
+import type { Portal } from '../../src/seams/portal.js';
+
+/** The parts a proxy in one process is built from, as the composition root builds them. */
+export interface ProxierParts {
+  portal: Portal;
+  logger: Logger;
+  balancerFactory: BalancerFactory;
+  socketFactory: ProxySocketFactory;
+  portAllocator: PortAllocator;
+  clock: Clock;
+  random: RandomSource;
+  node: NodeInfo;
+  minSyncPeriodMs: number;
+  syncPeriodMs: number;
+  sweepIntervalMs: number;
+  bindAddress: string;
+}
+
+/** A sync loop over a unit set of this process's sockets, wired as src/app.ts wires them. */
+export function makeProxier(p: ProxierParts): { proxier: Proxier; units: LocalUnitSet } {
+  const units = new LocalUnitSet({
+    logger: p.logger,
+    balancerFactory: p.balancerFactory,
+    socketFactory: p.socketFactory,
+    portAllocator: p.portAllocator,
+    clock: p.clock,
+    random: p.random,
+    bindAddress: p.bindAddress,
+    sweepIntervalMs: p.sweepIntervalMs,
+  });
+  const proxier = new Proxier({ portal: p.portal, units, logger: p.logger, clock: p.clock, random: p.random, node: p.node, minSyncPeriodMs: p.minSyncPeriodMs, syncPeriodMs: p.syncPeriodMs });
+  return { proxier, units };
+}
