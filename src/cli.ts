@@ -10,7 +10,9 @@ export type CliOutcome =
 
 /**
  * The commander program. Defaults live in config.ts, not here, so that the options handed on are
- * exactly the flags given (a config file's values yield to them, as kube-proxy documents). Flag names follow kube-proxy's where it has one. No side effects:
+ * exactly the flags given: a config file's values yield to them. kube-proxy ignores most flags when
+ * --config is given (kubernetes#98302, #107156: its own maintainers expected otherwise); here a
+ * flag given always wins, on purpose. Flag names follow kube-proxy's where it has one. No side effects:
  * output is captured and handed back, the caller prints and exits.
  */
 export function buildProgram(capture: { out: string; err: string }): Command {
@@ -26,7 +28,7 @@ export function buildProgram(capture: { out: string; err: string }): Command {
       outputError: (s, write) => write(s),
     });
   program
-    .option('--config <file>', 'a KubeProxyConfiguration (kubeproxy.config.k8s.io/v1alpha1) file; flags given override its values')
+    .option('--config <file>', 'a KubeProxyConfiguration (kubeproxy.config.k8s.io/v1alpha1) file; flags given override its values (kube-proxy would ignore them)')
     .option('--write-config-to <file>', 'write the effective configuration (file, flags and defaults) to this file and exit')
     .option('--state <file>', 'serve the Services and EndpointSlices in this file (YAML, JSON or a v1 List), watched for edits')
     .option('--portal <mode>', `how traffic reaches the proxy: ${PORTAL_MODES.join(', ')} (default: ${DEFAULTS.portal})`)

@@ -154,7 +154,7 @@ export function buildConfig(raw: RawOptions): ProxyConfig {
   if (raw.kubeconfig) config.kubeconfig = raw.kubeconfig;
   if (raw.master) config.master = raw.master;
   if (config.minSyncPeriodMs > config.syncPeriodMs) {
-    throw new UsageError(`--iptables-min-sync-period (${raw.iptablesMinSyncPeriod}) must not exceed --iptables-sync-period (${raw.iptablesSyncPeriod ?? DEFAULTS.iptablesSyncPeriod})`);
+    throw new UsageError(`--iptables-min-sync-period (${raw.iptablesMinSyncPeriod ?? `default ${DEFAULTS.iptablesMinSyncPeriod}`}) must not exceed --iptables-sync-period (${raw.iptablesSyncPeriod ?? `default ${DEFAULTS.iptablesSyncPeriod}`})`);
   }
   return config;
 }

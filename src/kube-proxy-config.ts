@@ -12,7 +12,9 @@ import { LOG_LEVELS } from './log.js';
  * `--config FILE`: kube-proxy's own configuration file, a `KubeProxyConfiguration`
  * (`kubeproxy.config.k8s.io/v1alpha1`, staging/src/k8s.io/kube-proxy/config/v1alpha1/types.go),
  * read into the same raw option values the flags produce, so that one validation (config.ts)
- * serves both and flags given on the command line override the file, as kube-proxy documents.
+ * serves both and flags given on the command line override the file. That differs from kube-proxy
+ * on purpose: it ignores most flags once --config is given, which its users keep reporting as a bug
+ * (kubernetes#98302, #107156).
  *
  * Every field of kube-proxy's schema is known, so a file written for kube-proxy (kubeadm's
  * ConfigMap, `kube-proxy --write-config-to`) loads: the fields that have a meaning here are
@@ -347,7 +349,7 @@ export async function readConfigFile(path: string): Promise<ConfigFileResult> {
   return parseKubeProxyConfiguration(text, path);
 }
 
-/** The flags given win over the file's values (kube-proxy: "flags override the config file"). */
+/** The flags given win over the file's values (kube-proxy would ignore them: see the top of this file). */
 export function mergeOptions(file: RawOptions, flags: RawOptions): RawOptions {
   return { ...file, ...flags };
 }

@@ -1,6 +1,7 @@
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { createServer, type AddressInfo } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { endpointSlice, list, service } from './helpers/objects.js';
 import { freePort, tcpEchoServer, tcpRequest, waitFor } from './helpers/net.js';
@@ -34,6 +35,8 @@ describe('bad flags', () => {
     [['--log-level', 'loud'], /--log-level/],
     [['--no-such-flag'], /unknown option '--no-such-flag'/],
     [['--iptables-sync-period', '1s', '--iptables-min-sync-period', '5s'], /--iptables-min-sync-period/],
+    // The minimum left at its default is named as such, not as "undefined".
+    [['--iptables-sync-period', '500ms'], /^kube-userspace-proxy: --iptables-min-sync-period \(default 1s\) must not exceed --iptables-sync-period \(500ms\)$/],
   ])('%j prints one line naming the flag and exits 2', async (args, re) => {
     const r = start(args);
     expect(await r.exited).toBe(2);
@@ -50,6 +53,32 @@ describe('bad flags', () => {
     const version = start(['--version']);
     expect(await version.exited).toBe(0);
     expect(version.stdout().trim()).toMatch(/^\d+\.\d+\.\d+$/);
+  });
+});
+
+describe('a start-up that fails', () => {
+  it('with the health address taken: one line naming the flag and the address, exit 1, nothing left listening', async () => {
+    const taken = createServer();
+    await new Promise<void>((resolve) => taken.listen(0, '127.0.0.1', resolve));
+    const healthz = `127.0.0.1:${(taken.address() as AddressInfo).port}`;
+    const metricsPort = await freePort('127.0.0.1');
+    const stateFile = join(dir, 'empty.yaml');
+    await writeFile(stateFile, list([]));
+    try {
+      const r = start(['--state', stateFile, '--metrics-bind-address', `127.0.0.1:${metricsPort}`, '--healthz-bind-address', healthz]);
+      expect(await r.exited).toBe(1);
+      const lines = r.stderr().trim().split('\n');
+      expect(lines).toEqual([`kube-userspace-proxy: --healthz-bind-address ${healthz}: cannot listen: the address is in use by another process`]);
+      // The metrics server had started first: it was closed, not left behind (the process exited).
+      const again = createServer();
+      await new Promise<void>((resolve, reject) => {
+        again.once('error', reject);
+        again.listen(metricsPort, '127.0.0.1', resolve);
+      });
+      again.close();
+    } finally {
+      taken.close();
+    }
   });
 });
 
