@@ -356,13 +356,6 @@ describe('the API source', () => {
     expect(r.nodes.every((n) => n === undefined || n.metadata?.name === 'node1')).toBe(true);
   });
 
-  it('lists afresh every config sync period', async () => {
-    const r = await rig({ source: { relistPeriodMs: 150 }, seed: (api) => api.apply('services', svc('web')) });
-    await synced(r);
-    await waitFor(() => (r.source.stats().services?.lists ?? 0) >= 3, 'two periodic re-lists');
-    expect(r.source.stats().services?.failures).toBe(0);
-  });
-
   it('stops promptly, even with a request held by the server', async () => {
     const r = await rig({ start: false, seed: (api) => api.apply('services', svc('web')) });
     r.api.hold('services');

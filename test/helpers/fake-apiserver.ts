@@ -1,7 +1,7 @@
 import { randomUUID } from 'node:crypto';
 import { EventEmitter } from 'node:events';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
-import type { AddressInfo, Socket } from 'node:net';
+import type { AddressInfo, Server as NetServer, Socket } from 'node:net';
 import { KubeConfig } from '@kubernetes/client-node';
 
 /**
@@ -26,6 +26,8 @@ import { KubeConfig } from '@kubernetes/client-node';
  */
 
 export type ResourceName = 'services' | 'endpointslices' | 'nodes';
+/** A listening socket to serve on: a net.Server or anything net.Server.listen(handle) takes. */
+export type ListenHandle = Server | NetServer | { fd: number };
 type Obj = Record<string, unknown>;
 type EventType = 'ADDED' | 'MODIFIED' | 'DELETED';
 
@@ -50,6 +52,8 @@ export interface RequestRecord {
   watch: boolean;
   query: Record<string, string>;
   authorization: string | undefined;
+  /** The client's port of the connection the request came on. */
+  clientPort: number | undefined;
   /** The HTTP status answered (200 for a watch, even one that carries an ERROR event). */
   status?: number;
   /** A watch answered with the 410 ERROR event: its resourceVersion was compacted away. */
@@ -103,20 +107,26 @@ export class FakeApiServer {
   private failures: Failure[] = [];
   private snapshots = new Map<string, { rv: number; items: Obj[] }>();
   private isUp = false;
+  private host = '127.0.0.1';
 
-  private constructor() {
+  private constructor(private readonly listenHandle?: ListenHandle) {
     this.server = this.makeServer();
     this.events.setMaxListeners(100);
   }
 
-  static async start(): Promise<FakeApiServer> {
-    const api = new FakeApiServer();
+  /**
+   * Listens on a free port of 127.0.0.1, or on `handle`: a listening socket made elsewhere, e.g.
+   * by a process inside a network namespace (sent over IPC), so that this server answers in that
+   * namespace. With a handle, down() is final: up() cannot bind it again.
+   */
+  static async start(opts: { handle?: ListenHandle } = {}): Promise<FakeApiServer> {
+    const api = new FakeApiServer(opts.handle);
     await api.up();
     return api;
   }
 
   get url(): string {
-    return `http://127.0.0.1:${this.port}`;
+    return `http://${this.host}:${this.port}`;
   }
 
   /** A KubeConfig pointing at this server with its token (plain HTTP, so TLS checks are off). */
@@ -283,12 +293,16 @@ export class FakeApiServer {
     this.server = this.makeServer();
     await new Promise<void>((resolve, reject) => {
       this.server.once('error', reject);
-      this.server.listen(this.port, '127.0.0.1', () => {
+      const listening = (): void => {
         this.server.off('error', reject);
         resolve();
-      });
+      };
+      if (this.listenHandle) this.server.listen(this.listenHandle, listening);
+      else this.server.listen(this.port, '127.0.0.1', listening);
     });
-    this.port = (this.server.address() as AddressInfo).port;
+    const addr = this.server.address() as AddressInfo;
+    this.port = addr.port;
+    this.host = addr.address;
     this.isUp = true;
   }
 
@@ -302,6 +316,11 @@ export class FakeApiServer {
   /** Open watches, per resource or in all. */
   watchCount(resource?: ResourceName): number {
     return [...this.watches].filter((w) => !resource || w.resource === resource).length;
+  }
+
+  /** The client's port of each open watch connection, per resource or in all: what a test blackholes. */
+  watchClientPorts(resource?: ResourceName): number[] {
+    return [...this.watches].filter((w) => !resource || w.resource === resource).map((w) => w.socket.remotePort ?? 0);
   }
 
   /** The first request from index `from` on that satisfies `pred` (bounded wait). */
@@ -345,7 +364,7 @@ export class FakeApiServer {
     const resource = (Object.keys(FAKE_RESOURCES) as ResourceName[]).find((r) => FAKE_RESOURCES[r].path === url.pathname);
     const query = Object.fromEntries(url.searchParams);
     const watch = query.watch === '1' || query.watch === 'true';
-    const rec: RequestRecord = { n: this.requests.length, resource, watch, query, authorization: req.headers.authorization };
+    const rec: RequestRecord = { n: this.requests.length, resource, watch, query, authorization: req.headers.authorization, clientPort: req.socket.remotePort };
     this.requests.push(rec);
     // Once on arrival (a held request is visible), once answered (with its status).
     this.events.emit('request', rec);

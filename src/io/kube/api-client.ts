@@ -88,10 +88,42 @@ export function statusError(status: unknown, where: string, httpStatus?: number)
 export interface HttpKubeApiOptions {
   /** A list request fails after this long without a byte; default 60 s. */
   requestTimeoutMs?: number;
+  /**
+   * TCP keepalive idle time: after this long without a segment from the API server, the kernel
+   * probes the connection; a peer gone without FIN or RST then fails the request with ETIMEDOUT
+   * some 10 s later (see KEEPALIVE_IDLE_MS). Whole seconds, at least 1 s; default 30 s.
+   */
+  keepAliveIdleMs?: number;
   /** A watch line (one object) larger than this ends the watch; default 64 MiB. */
   maxLineBytes?: number;
   userAgent?: string;
 }
+
+/**
+ * A watch whose API server vanished without FIN or RST (host lost, path blackholed) must be
+ * noticed in about the time kube-proxy takes: client-go's HTTP/2 health check reads 30 s of
+ * silence, then sends a PING with 15 s to answer, some 45 s in all. Without a check the watch
+ * waits for its own deadline (timeoutSeconds + grace, 5 to 10 minutes).
+ *
+ * Here it is TCP keepalive on every socket to the API server, because it probes this very
+ * connection and needs nothing from the server:
+ *  - Node sets TCP_KEEPIDLE from setKeepAlive's delay, and libuv >= 1.49 sets TCP_KEEPINTVL = 1 s
+ *    and TCP_KEEPCNT = 10 on Linux (read back with getsockopt under Node 24.21 / libuv 1.52.1,
+ *    in a namespace whose sysctls say 75 s and 9): a dead peer fails the socket with ETIMEDOUT
+ *    about idle + 10 s after its last segment, ~40 s by default. Node cannot set the interval or
+ *    the count; with an older libuv the kernel's net.ipv4.tcp_keepalive_intvl/probes apply
+ *    (75 s x 9 unless tuned) and the watch's own deadline stays the backstop.
+ *  - An idle timer on the stream alone cannot tell a quiet watch from a dead one: the API server
+ *    sends a BOOKMARK about once a minute (the watch cache's defaultBookmarkFrequency), so any
+ *    timer under a minute would cut healthy watches.
+ *  - HTTP/2 PING (client-go's way) needs node:http2, which takes no http.Agent: the agents the
+ *    kubeconfig builds (client certificates, proxies) would have to be rebuilt by hand.
+ *  - TCP_USER_TIMEOUT bounds only unacknowledged data we sent (a watch sends none once open),
+ *    and Node cannot set it.
+ * Keepalive does not run while our own data is unacknowledged (a request being sent): that case
+ * stays with the request's idle timer.
+ */
+const KEEPALIVE_IDLE_MS = 30_000;
 
 /** A request whose socket-level failure (timeout, reset) is remembered for whoever reads its response. */
 interface Exchange {
@@ -102,6 +134,7 @@ interface Exchange {
 
 export class HttpKubeApi implements KubeApi {
   private readonly requestTimeoutMs: number;
+  private readonly keepAliveIdleMs: number;
   private readonly maxLineBytes: number;
   private readonly userAgent: string;
 
@@ -110,6 +143,8 @@ export class HttpKubeApi implements KubeApi {
     opts: HttpKubeApiOptions = {},
   ) {
     this.requestTimeoutMs = opts.requestTimeoutMs ?? 60_000;
+    // Node passes whole seconds to the kernel, and 0 would leave the system's 2 hours in place.
+    this.keepAliveIdleMs = Math.max(1000, opts.keepAliveIdleMs ?? KEEPALIVE_IDLE_MS);
     this.maxLineBytes = opts.maxLineBytes ?? 64 * 1024 * 1024;
     this.userAgent = opts.userAgent ?? 'kube-userspace-proxy';
   }
@@ -210,6 +245,8 @@ export class HttpKubeApi implements KubeApi {
     const reqOpts: RequestOptions = { method: 'GET', agent: opts.agent, headers, signal };
     if (opts.auth) reqOpts.auth = opts.auth;
     const req = send(url, reqOpts);
+    // On every socket, a fresh one or one an agent reuses (applied once it connects).
+    req.on('socket', (socket) => socket.setKeepAlive(true, this.keepAliveIdleMs));
     let failure: Error | undefined;
     // Idle time on the socket: covers a connect that hangs, slow headers and a silent stream.
     req.setTimeout(timeoutMs, () => {

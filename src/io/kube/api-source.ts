@@ -29,8 +29,6 @@ export interface ApiSourceOptions {
   logger: Logger;
   /** This Node as the API shows it; `undefined` once it is deleted (after having been seen). */
   onNode?: (node: V1Node | undefined) => void;
-  /** `--config-sync-period`: re-list at least this often; 0: never without cause. */
-  relistPeriodMs?: number;
   backoff?: Partial<BackoffOptions>;
   random?: RandomSource;
   /** Tests shorten these; production leaves them to the reflector's defaults. */
@@ -94,11 +92,6 @@ export class ApiSource implements Source {
     return Object.fromEntries(this.reflectors.map((r, i) => [names[i] ?? String(i), { ...r.stats, resourceVersion: r.resourceVersion }]));
   }
 
-  /** Ends every watch and lists afresh (what --config-sync-period does on its timer). */
-  relist(): void {
-    for (const r of this.reflectors) r.relistSoon();
-  }
-
   private reflector<T extends KubernetesObject>(res: ApiResource, labelSelector: string | undefined, fieldSelector: string | undefined, handlers: ReflectorHandlers<T>): Reflector<T> {
     const opts = this.opts;
     return new Reflector<T>({
@@ -114,7 +107,6 @@ export class ApiSource implements Source {
       ...(opts.watchTimeoutSeconds ? { watchTimeoutSeconds: opts.watchTimeoutSeconds } : {}),
       ...(opts.watchGraceMs !== undefined ? { watchGraceMs: opts.watchGraceMs } : {}),
       ...(opts.pageSize ? { pageSize: opts.pageSize } : {}),
-      ...(opts.relistPeriodMs ? { relistPeriodMs: opts.relistPeriodMs } : {}),
     });
   }
 

@@ -16,8 +16,6 @@ import { Backoff, type BackoffOptions } from '../../core/backoff.js';
  * - Any other failure (refused, timed out, 5xx, garbage) waits a capped exponential backoff with
  *   jitter and tries again. Nothing is dropped meanwhile: the handlers keep what they had, so the
  *   proxy keeps serving the last good state.
- * - Every `relistPeriodMs` the watch is ended and a fresh list replaces the state (kube-proxy's
- *   --config-sync-period), a guard against anything lost in between.
  *
  * Lists are consistent reads (no resourceVersion) in pages of `pageSize`.
  */
@@ -49,8 +47,6 @@ export interface ReflectorOptions<T> {
   watchTimeoutSeconds?: () => number;
   /** A watch may stay silent this long past its timeoutSeconds before it is taken for dead; default 30 s. */
   watchGraceMs?: number;
-  /** Re-list at least this often; 0 or absent: only when needed. */
-  relistPeriodMs?: number;
 }
 
 /** Counters, for tests and metrics. */
@@ -83,7 +79,6 @@ export class Reflector<T extends KubernetesObject> {
   private loop: Promise<void> | undefined;
   /** Aborts the request or the sleep in progress. */
   private current: AbortController | undefined;
-  private relistTimer: NodeJS.Timeout | undefined;
   private lastError: string | undefined;
 
   constructor(private readonly opts: ReflectorOptions<T>) {
@@ -104,23 +99,12 @@ export class Reflector<T extends KubernetesObject> {
     if (!this.stopped) return;
     this.stopped = false;
     this.loop = this.run();
-    if (this.opts.relistPeriodMs) {
-      this.relistTimer = setInterval(() => this.relistSoon(), this.opts.relistPeriodMs);
-      this.relistTimer.unref();
-    }
   }
 
   async stop(): Promise<void> {
     this.stopped = true;
-    if (this.relistTimer) clearInterval(this.relistTimer);
-    this.current?.abort(new Interrupted('stop'));
+    this.current?.abort(new Interrupted());
     await this.loop;
-  }
-
-  /** End the watch in progress and list afresh. */
-  relistSoon(): void {
-    this.needList = true;
-    this.current?.abort(new Interrupted('relist'));
   }
 
   private async run(): Promise<void> {
@@ -134,7 +118,6 @@ export class Reflector<T extends KubernetesObject> {
         }
       } catch (err) {
         if (this.stopped) break;
-        if (isInterrupted(err)) continue; // relistSoon(): needList is set
         await this.sleep(this.failed(err));
       }
     }
@@ -257,7 +240,7 @@ export class Reflector<T extends KubernetesObject> {
 
   private abortable(): AbortSignal {
     this.current = new AbortController();
-    if (this.stopped) this.current.abort(new Interrupted('stop'));
+    if (this.stopped) this.current.abort(new Interrupted());
     return this.current.signal;
   }
 
@@ -282,15 +265,10 @@ function errorKind(err: unknown): string {
   return err instanceof Error ? err.name : typeof err;
 }
 
-/** Why the reflector cut its own request or sleep short. */
+/** The reflector cut its own request or sleep short: it is stopping. */
 class Interrupted extends Error {
-  constructor(readonly why: 'stop' | 'relist') {
-    super(`interrupted: ${why}`);
+  constructor() {
+    super('interrupted: stop');
     this.name = 'Interrupted';
   }
-}
-
-/** node:http rejects an aborted request with an AbortError whose cause is the abort reason. */
-function isInterrupted(err: unknown): boolean {
-  return err instanceof Interrupted || (err instanceof Error && err.cause instanceof Interrupted);
 }
