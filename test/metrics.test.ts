@@ -195,6 +195,16 @@ describe('kube-proxy\'s sync metrics', () => {
     expect(value(text, 'kubeproxy_sync_proxy_rules_duration_seconds_count')).toBe(2);
     // The endpoint is local now.
     expect(value(text, 'kubeproxy_sync_proxy_rules_no_local_endpoints_total', { traffic_policy: 'internal' })).toBe(0);
+
+    // The same versions again (a re-list, a resync): nothing changed, so nothing is counted or queued.
+    wall = WALL0 + 9000;
+    sink.upsertEndpointSlice(slice);
+    const { services } = objects(0);
+    sink.replaceServices(services);
+    const again = await scrape();
+    expect(value(again, 'kubeproxy_sync_proxy_rules_endpoint_changes_total')).toBe(5);
+    expect(value(again, 'kubeproxy_sync_proxy_rules_service_changes_total')).toBe(5);
+    expect(value(again, 'kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds')).toBe((WALL0 + 3500) / 1000);
   });
 
   it('count health probe answers by code', async () => {

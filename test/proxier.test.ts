@@ -9,6 +9,7 @@ import { silentLogger } from '../src/log.js';
 import type { Proxier } from '../src/proxier/proxier.js';
 import type { SyncEvent } from '../src/seams/proxier-events.js';
 import { makeProxier } from './helpers/make-proxier.js';
+import { captureLogger, waitUntil } from './helpers/proxy-fixtures.js';
 import { ServicePortStats } from '../src/core/stats.js';
 import { endpointSlice, service } from './helpers/objects.js';
 
@@ -239,6 +240,93 @@ describe('no-local-endpoints counts', () => {
     proxier.cache.deleteService('default', 'a');
     await proxier.syncNow();
     expect(last()?.noLocalEndpoints).toEqual({ internal: 0, external: 0 });
+    await proxier.shutdown(0);
+  });
+});
+
+describe('a sync that fails after taking the changes (a bug, not input)', () => {
+  it('hands them back and tries again on its own, with no new change', async () => {
+    class FailingOncePortal extends RecordingPortal {
+      private failures = 1;
+      async prepare(): Promise<PortalSyncResult> {
+        if (this.failures-- > 0) throw new Error('bug in prepare');
+        return { errors: [] };
+      }
+    }
+    const portal = new FailingOncePortal();
+    const { proxier } = makeProxier({
+      portal,
+      logger: silentLogger(),
+      balancerFactory: roundRobinFactory,
+      socketFactory: () => fakeSocket(),
+      portAllocator: new PortAllocator(undefined, () => 0.5),
+      clock: { now: () => performance.now() },
+      random: () => 0.5,
+      node: { name: 'node-a' },
+      minSyncPeriodMs: 0,
+      syncPeriodMs: 30_000,
+      sweepIntervalMs: 1000,
+      bindAddress: '0.0.0.0',
+    }, { syncRetryMs: 20 });
+    proxier.cache.upsertService(web('1'));
+    await proxier.setSynced();
+    expect(proxier.status()).toEqual([]);
+    // Nothing else happens: the retry alone applies the Service (before, it waited for the 15-minute resync).
+    await waitUntil(() => proxier.status().length === 1, 'the retried sync');
+    expect(proxier.status()[0]?.name).toBe('default/web:http');
+    await proxier.shutdown(0);
+  });
+});
+
+describe('changes that alter nothing', () => {
+  it('are published with changed 0 and queue no sync', async () => {
+    const { proxier } = setup();
+    await proxier.setSynced();
+    const events: Array<{ kind: string; changed: number; initialized: boolean }> = [];
+    proxier.onChange((e) => events.push({ kind: e.change.kind, changed: e.changed, initialized: e.initialized }));
+    let syncs = 0;
+    proxier.onSync(() => syncs++);
+    proxier.sink.upsertService(web('1'));
+    await proxier.syncNow();
+    expect(syncs).toBe(1);
+    proxier.sink.upsertService(web('1')); // the same version again (a re-list)
+    proxier.sink.deleteService('default', 'nothing-here');
+    proxier.sink.replaceServices([web('1')]);
+    expect(events).toEqual([
+      { kind: 'upsertService', changed: 1, initialized: true },
+      { kind: 'upsertService', changed: 0, initialized: true },
+      { kind: 'deleteService', changed: 0, initialized: true },
+      { kind: 'replaceServices', changed: 0, initialized: true },
+    ]);
+    // No sync was asked for: the runner stays idle (a sync now is the one we ask for).
+    await proxier.syncNow();
+    expect(syncs).toBe(2);
+    await proxier.shutdown(0);
+  });
+
+  it('a periodic resync that changed nothing logs at debug, not info', async () => {
+    const { logger, records } = captureLogger('info');
+    const { proxier } = makeProxier({
+      portal: new RecordingPortal(),
+      logger,
+      balancerFactory: roundRobinFactory,
+      socketFactory: () => fakeSocket(),
+      portAllocator: new PortAllocator(undefined, () => 0.5),
+      clock: { now: () => 0 },
+      random: () => 0.5,
+      node: { name: 'node-a' },
+      minSyncPeriodMs: 0,
+      syncPeriodMs: 30_000,
+      sweepIntervalMs: 1000,
+      bindAddress: '0.0.0.0',
+    });
+    proxier.cache.upsertService(web('1'));
+    await proxier.setSynced();
+    const synced = (): number => records.filter((r) => r.msg === 'synced proxy rules').length;
+    expect(synced()).toBe(1);
+    await proxier.syncNow(true);
+    await proxier.syncNow(true);
+    expect(synced()).toBe(1);
     await proxier.shutdown(0);
   });
 });

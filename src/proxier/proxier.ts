@@ -26,13 +26,15 @@ export interface ProxierOptions {
   minSyncPeriodMs: number;
   /** `--iptables-sync-period`: a full resync (portal re-check) at least this often. */
   syncPeriodMs: number;
+  /** The first retry after a sync that failed (default 1 s); later ones back off up to the sync period. */
+  syncRetryMs?: number;
 }
 
 /** What /services reports for a unit: the unit set's view, with the portal that serves it. */
 export type ServicePortStatus = UnitStatus & { portal: string };
 
 /** Retries of a sync that failed: from 1 s, doubling, up to the periodic resync. */
-const RETRY_INITIAL_MS = 1000;
+const DEFAULT_SYNC_RETRY_MS = 1000;
 
 /**
  * The sync loop (upstream pkg/proxy/userspace/proxier.go, reshaped): sources write objects into
@@ -65,6 +67,8 @@ export class Proxier implements ProxierEvents {
   private portalNeedsSync = true;
   /** When the oldest change not yet applied was queued, or undefined when none waits. */
   private pendingSince: number | undefined;
+  /** Set while the last sync failed: how long until it is tried again. */
+  private retryInMs: number | undefined;
 
   constructor(private readonly opts: ProxierOptions) {
     this.log = opts.logger.child({ component: 'proxier' });
@@ -76,7 +80,8 @@ export class Proxier implements ProxierEvents {
     this.changes = new Topic(onError);
     this.syncs = new Topic(onError);
     this.sink = this.makeSink();
-    this.retry = new Backoff({ initialMs: RETRY_INITIAL_MS, maxMs: Math.max(RETRY_INITIAL_MS, opts.syncPeriodMs), jitter: 0.2 }, opts.random);
+    const retryMs = opts.syncRetryMs ?? DEFAULT_SYNC_RETRY_MS;
+    this.retry = new Backoff({ initialMs: retryMs, maxMs: Math.max(retryMs, opts.syncPeriodMs), jitter: 0.2 }, opts.random);
     this.runner = new BoundedFrequencyRunner((periodic) => this.syncSafely(periodic), opts.minSyncPeriodMs, opts.syncPeriodMs);
   }
 
@@ -105,7 +110,8 @@ export class Proxier implements ProxierEvents {
     this.synced = true;
     await this.syncSafely(false);
     this.runner.start();
-    if (this.pendingSince !== undefined) this.runner.run();
+    if (this.retryInMs !== undefined) this.runner.retryAfter(this.retryInMs);
+    else if (this.pendingSince !== undefined) this.runner.run();
     this.units.start();
   }
 
@@ -182,11 +188,15 @@ export class Proxier implements ProxierEvents {
   private async syncSafely(periodic: boolean): Promise<void> {
     if (this.stopping) return;
     const run = this.sync(periodic).then(
-      () => this.retry.reset(),
+      () => {
+        this.retry.reset();
+        this.retryInMs = undefined;
+      },
       (err: unknown) => {
         // A bug, not input: keep its stack, keep serving what runs, and try again soon (the
         // changes it took were handed back to the cache), backing off while it keeps failing.
         const delay = this.retry.next();
+        this.retryInMs = delay;
         this.log.error({ err, retryInMs: delay }, 'sync failed');
         this.runner.retryAfter(delay);
       },
@@ -204,6 +214,7 @@ export class Proxier implements ProxierEvents {
       await this.apply(taken, periodic, started);
     } catch (err) {
       this.cache.markDirty(taken);
+      this.pendingSince ??= started;
       throw err;
     }
   }

@@ -3,7 +3,7 @@ import type { Clock, RandomSource } from '../../src/core/clock.js';
 import type { NodeInfo } from '../../src/core/model.js';
 import type { PortAllocator } from '../../src/core/port-allocator.js';
 import type { Logger } from '../../src/log.js';
-import { Proxier } from '../../src/proxier/proxier.js';
+import { Proxier, type ProxierOptions } from '../../src/proxier/proxier.js';
 import { LocalUnitSet, type ProxySocketFactory } from '../../src/proxier/unit-set.js';
 import type { Portal } from '../../src/seams/portal.js';
 
@@ -24,7 +24,7 @@ export interface ProxierParts {
 }
 
 /** A sync loop over a unit set of this process's sockets, wired as src/app.ts wires them. */
-export function makeProxier(p: ProxierParts): { proxier: Proxier; units: LocalUnitSet } {
+export function makeProxier(p: ProxierParts, loop: Pick<ProxierOptions, 'syncRetryMs'> = {}): { proxier: Proxier; units: LocalUnitSet } {
   const units = new LocalUnitSet({
     logger: p.logger,
     balancerFactory: p.balancerFactory,
@@ -35,6 +35,6 @@ export function makeProxier(p: ProxierParts): { proxier: Proxier; units: LocalUn
     bindAddress: p.bindAddress,
     sweepIntervalMs: p.sweepIntervalMs,
   });
-  const proxier = new Proxier({ portal: p.portal, units, logger: p.logger, clock: p.clock, random: p.random, node: p.node, minSyncPeriodMs: p.minSyncPeriodMs, syncPeriodMs: p.syncPeriodMs });
+  const proxier = new Proxier({ portal: p.portal, units, logger: p.logger, clock: p.clock, random: p.random, node: p.node, minSyncPeriodMs: p.minSyncPeriodMs, syncPeriodMs: p.syncPeriodMs, ...loop });
   return { proxier, units };
 }
