@@ -428,15 +428,20 @@ export class Proxier {
   }
 
   private async bindProxyPort(ru: RunningUnit, host: string): Promise<BoundAddress> {
+    // The port its rules pointed at last, if free: conntrack entries of ongoing flows point there.
+    const preferred = this.opts.portal.preferredProxyPort?.(ru.unit);
     for (let attempt = 0; ; attempt++) {
-      const port = this.opts.portAllocator.allocateNext();
+      const port = attempt === 0 && preferred !== undefined && this.opts.portAllocator.claim(preferred) ? preferred : this.opts.portAllocator.allocateNext();
       try {
         const bound = await ru.socket.listen({ host: host || this.opts.bindAddress, port });
         ru.proxyPort = bound.port;
         return bound;
       } catch (err) {
-        if (port !== 0 && errnoCode(err) === 'EADDRINUSE' && attempt < 16) {
-          this.opts.portAllocator.markInUse(port);
+        const inUse = errnoCode(err) === 'EADDRINUSE';
+        // Whatever kept the preferred port from binding, an allocated one may still bind.
+        if (port !== 0 && (inUse || port === preferred) && attempt < 16) {
+          if (inUse) this.opts.portAllocator.markInUse(port);
+          else this.opts.portAllocator.release(port);
           continue;
         }
         if (port !== 0) this.opts.portAllocator.release(port);
