@@ -4,9 +4,9 @@
 #   docker build -t kube-userspace-proxy:0.1.0 .
 #
 # Two stages: `build` installs every dependency with `npm ci` and compiles with `tsc` (npm run
-# build), then drops the dev dependencies; `runtime` is a slim Node 24 (LTS) image with iptables and
-# iproute2 (the iptables and bind portals call them), the compiled JavaScript and the production
-# dependencies, run as a non-root user.
+# build), then drops the dev dependencies; `runtime` is a slim Node 24 (LTS) image with iptables,
+# conntrack and iproute2 (the iptables and bind portals call them), the compiled JavaScript and the
+# production dependencies, run as a non-root user.
 
 # The major version is .node-version's (test/deploy.test.ts checks that they agree).
 ARG NODE_IMAGE=node:24-bookworm-slim
@@ -22,12 +22,14 @@ RUN npm run build && npm prune --omit=dev --no-audit --no-fund
 FROM ${NODE_IMAGE} AS runtime
 # A non-root process keeps no capability across exec unless the file it runs carries it, and the
 # DaemonSet grants NET_ADMIN only. So iptables (xtables-nft-multi behind iptables-restore) gets a
-# file capability; setcap itself is removed again. NNP must stay off for it to apply
+# file capability, and so does conntrack (the iptables portal deletes stale entries with it); setcap
+# itself is removed again. NNP must stay off for it to apply
 # (allowPrivilegeEscalation is left true in deploy/daemon-set.yaml). iproute2's `ip` drops file
 # capabilities when not run by root: --portal bind needs runAsUser 0 (see the DaemonSet).
 RUN apt-get update \
- && apt-get install -y --no-install-recommends iptables iproute2 libcap2-bin \
+ && apt-get install -y --no-install-recommends iptables conntrack iproute2 libcap2-bin \
  && setcap cap_net_admin+ep /usr/sbin/xtables-nft-multi \
+ && setcap cap_net_admin+ep /usr/sbin/conntrack \
  && apt-get purge -y libcap2-bin \
  && rm -rf /var/lib/apt/lists/* \
  && groupadd --system --gid 65532 proxy \

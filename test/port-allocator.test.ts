@@ -96,6 +96,21 @@ describe('PortAllocator', () => {
     expect(pa.inUse()).toBe(0);
   });
 
+  it('claim takes a wanted port only if it is a free port of the range; without a range any port', () => {
+    const pa = new PortAllocator(range, sequence(0.5));
+    expect(pa.claim(30005)).toBe(true);
+    expect(pa.claim(30005)).toBe(false);
+    expect(pa.claim(40000)).toBe(false);
+    expect(pa.inUse()).toBe(1);
+    expect(pa.allocateNext()).toBe(30006);
+    pa.release(30005);
+    expect(pa.claim(30005)).toBe(true);
+    const none = new PortAllocator(undefined, sequence(0.5));
+    expect(none.claim(40000)).toBe(true);
+    expect(none.claim(0)).toBe(false);
+    expect(none.inUse()).toBe(0);
+  });
+
   it('starts at a random offset and scans forward past taken ports', () => {
     const pa = new PortAllocator(range, sequence(0.5));
     expect(pa.allocateNext()).toBe(30005);

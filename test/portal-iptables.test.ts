@@ -10,6 +10,7 @@ import type { NodeAddressSource } from '../src/io/portal/node-addresses.js';
 import type { RunningUnitView } from '../src/seams/portal.js';
 import { silentLogger } from '../src/log.js';
 import { iptablesSkipReason, nsExec, nsRunner, reportSkip, run } from './helpers/netns.js';
+import { captureLogger } from './helpers/proxy-fixtures.js';
 import { servicePort, unitsOf } from './helpers/service-port.js';
 
 const sp = servicePort;
@@ -42,6 +43,10 @@ class FakeNode implements CommandRunner {
   missing = new Set<string>();
   failNext = new Map<string, string>();
   linkExists = false;
+  /** `conntrack -L` output per `<family> <protocol>` (`ipv4 udp`, ...). */
+  conntrackLists: Record<string, string> = {};
+  /** conntrack -D answers as versions that exit 1 when nothing matched. */
+  conntrackDeleteNothing = false;
 
   async run(command: string, args: readonly string[], input?: string): Promise<CommandResult> {
     this.calls.push(input === undefined ? { command, args } : { command, args, input });
@@ -55,7 +60,19 @@ class FakeNode implements CommandRunner {
     if (command === 'ip6tables-save') return { stdout: this.dumps[6], stderr: '' };
     if (command === 'ip' && args.join(' ') === '-j link show') return { stdout: JSON.stringify(this.linkExists ? [{ ifname: 'kube-userspace0' }] : [{ ifname: 'lo' }]), stderr: '' };
     if (command === 'ip' && args[0] === 'link' && args[1] === 'del') this.linkExists = false;
+    if (command === 'conntrack') return this.conntrack(args);
     return { stdout: '', stderr: '' };
+  }
+
+  private conntrack(args: readonly string[]): CommandResult {
+    const opt = (name: string): string => args[args.indexOf(name) + 1] ?? '';
+    if (args[0] === '-L') return { stdout: this.conntrackLists[`${opt('-f')} ${opt('-p')}`] ?? '', stderr: 'conntrack v1.4.7 (conntrack-tools): 0 flow entries have been shown.\n' };
+    if (this.conntrackDeleteNothing) throw new CommandError('conntrack', args, { exitCode: 1, stderr: 'conntrack v1.4.7 (conntrack-tools): 0 flow entries have been deleted.\n' });
+    return { stdout: '', stderr: 'conntrack v1.4.7 (conntrack-tools): 2 flow entries have been deleted.\n' };
+  }
+
+  conntrackCalls(): string[] {
+    return this.calls.filter((c) => c.command === 'conntrack').map((c) => c.args.join(' '));
   }
 
   runSync(): CommandResult {
@@ -194,6 +211,78 @@ describe('IptablesPortal (fake node)', () => {
     await p.sync(views(unitsOf(sp('default/web:http'))), false);
     const emptied = node.restores().find((c) => c.command === 'ip6tables-restore');
     expect(emptied?.input).not.toMatch(/^-A KUBE-/m);
+  });
+
+  it('start-up reads the proxy port each unit had from the rules left behind; later the port each runs on; units gone are forgotten', async () => {
+    const node = new FakeNode();
+    node.dumps[4] = LEFTOVER;
+    const p = portal(node);
+    const [old, web] = unitsOf(sp('default/old:http', { clusterIPs: ['10.96.0.99'] }), sp('default/web:http'));
+    await p.start();
+    expect(p.preferredProxyPort(old!)).toBe(39999);
+    expect(p.preferredProxyPort(web!)).toBeUndefined();
+    await p.sync([{ unit: web!, proxyPort: 40005 }, { unit: old! }], false);
+    // A unit whose proxy port did not bind keeps wanting the old one.
+    expect(p.preferredProxyPort(old!)).toBe(39999);
+    expect(p.preferredProxyPort(web!)).toBe(40005);
+    await p.sync([{ unit: web!, proxyPort: 40005 }], false);
+    expect(p.preferredProxyPort(old!)).toBeUndefined();
+  });
+
+  it('deletes stale conntrack entries after the rules are in: UDP units when new or changed, TCP units at the first sync only', async () => {
+    const node = new FakeNode();
+    const p = portal(node);
+    const [dns, web] = unitsOf(sp('default/dns:dns', { protocol: 'UDP', port: 53 }), sp('default/web:http'));
+    node.conntrackLists['ipv4 udp'] = 'udp 17 100 src=10.0.0.7 dst=10.96.0.10 sport=5000 dport=53 src=192.168.1.10 dst=10.0.0.7 sport=39000 dport=5000 [ASSURED] mark=0 use=1\n';
+    node.conntrackLists['ipv4 tcp'] = 'tcp 6 100 TIME_WAIT src=10.0.0.7 dst=10.96.0.10 sport=5001 dport=80 src=192.168.1.10 dst=10.0.0.7 sport=39001 dport=5001 [ASSURED] mark=0 use=1\n';
+    await p.sync([{ unit: dns!, proxyPort: 40001 }, { unit: web!, proxyPort: 40002 }], false);
+    const restoreAt = node.calls.findIndex((c) => c.command === 'iptables-restore');
+    const firstConntrack = node.calls.findIndex((c) => c.command === 'conntrack');
+    expect(firstConntrack).toBeGreaterThan(restoreAt);
+    expect(node.conntrackCalls()).toEqual([
+      '-L -f ipv4 -p udp',
+      '-D -f ipv4 -p udp --orig-dst 10.96.0.10 --orig-port-dst 53 --reply-src 192.168.1.10 --reply-port-src 39000',
+      '-L -f ipv4 -p tcp',
+      '-D -f ipv4 -p tcp --orig-dst 10.96.0.10 --orig-port-dst 80 --reply-src 192.168.1.10 --reply-port-src 39001',
+    ]);
+
+    node.calls = [];
+    await p.sync([{ unit: dns!, proxyPort: 40001 }, { unit: web!, proxyPort: 40002 }], true);
+    expect(node.conntrackCalls()).toEqual([]);
+
+    // Both recreated on other ports: only the UDP unit is looked at again.
+    node.calls = [];
+    await p.sync([{ unit: dns!, proxyPort: 40003 }, { unit: web!, proxyPort: 40004 }], false);
+    expect(node.conntrackCalls()).toEqual(['-L -f ipv4 -p udp', '-D -f ipv4 -p udp --orig-dst 10.96.0.10 --orig-port-dst 53 --reply-src 192.168.1.10 --reply-port-src 39000']);
+  });
+
+  it('no deletion before the rules are in force: a failed transaction leaves conntrack alone', async () => {
+    const node = new FakeNode();
+    const p = portal(node);
+    node.failNext.set('iptables-restore', 'iptables-restore: line 3 failed');
+    await p.sync(views(unitsOf(sp('default/dns:dns', { protocol: 'UDP', port: 53 }))), false);
+    expect(node.conntrackCalls()).toEqual([]);
+    await p.sync(views(unitsOf(sp('default/dns:dns', { protocol: 'UDP', port: 53 }))), false);
+    expect(node.conntrackCalls()).toEqual(['-L -f ipv4 -p udp']);
+  });
+
+  it('without conntrack it says so once and carries on; "0 flow entries deleted" is no failure', async () => {
+    const { logger, records } = captureLogger('info');
+    const node = new FakeNode();
+    node.missing.add('conntrack');
+    const p = portal(node, { logger });
+    expect(await p.sync(views(unitsOf(sp('default/dns:dns', { protocol: 'UDP', port: 53 }))), false)).toEqual({ errors: [] });
+    await p.sync(views(unitsOf(sp('default/dns:dns', { protocol: 'UDP', port: 53 })), 40009), false);
+    expect(node.conntrackCalls()).toHaveLength(1);
+    expect(records.filter((r) => r.level === 40).map((r) => r.msg)).toEqual([expect.stringContaining('conntrack is not installed')]);
+
+    const other = new FakeNode();
+    const { logger: logger2, records: records2 } = captureLogger('info');
+    other.conntrackLists['ipv4 udp'] = 'udp 17 100 src=10.0.0.7 dst=10.96.0.10 sport=5000 dport=53 src=10.96.0.10 dst=10.0.0.7 sport=53 dport=5000 mark=0 use=1\n';
+    other.conntrackDeleteNothing = true;
+    await portal(other, { logger: logger2 }).sync(views(unitsOf(sp('default/dns:dns', { protocol: 'UDP', port: 53 }))), false);
+    expect(records2.filter((r) => r.level >= 40)).toEqual([]);
+    expect(records2).toContainEqual(expect.objectContaining({ msg: 'deleted stale conntrack entries', deleted: 0, staleTarget: '10.96.0.10:53' }));
   });
 
   it('1,000 Services are one iptables-restore per sync', async () => {

@@ -211,6 +211,35 @@ describe('--proxy-port-range', () => {
     expect(proxier.status()).toMatchObject([{ name: 'default/zzz:http', proxyPort: 40000, errors: [] }]);
     await proxier.shutdown(0);
   });
+
+  it("binds the portal's preferred proxy port (the previous run's) when the range has it free, else allocates one", async () => {
+    class PreferringPortal extends RecordingPortal {
+      preferredProxyPort(unit: ProxyUnit): number | undefined {
+        return { 'default/web:http': 40007, 'default/zzz:http': 40007, 'default/out:http': 39000 }[unit.id];
+      }
+    }
+    const { proxier } = setup(new PreferringPortal(), { base: 40000, size: 10 });
+    proxier.cache.upsertService(web('1'));
+    proxier.cache.upsertService(service({ name: 'zzz', clusterIP: '10.96.0.12', ports: [{ name: 'http', port: 80 }] }) as unknown as V1Service);
+    proxier.cache.upsertService(service({ name: 'out', clusterIP: '10.96.0.13', ports: [{ name: 'http', port: 80 }] }) as unknown as V1Service);
+    await proxier.setSynced();
+    const ports = Object.fromEntries(proxier.status().map((u) => [u.name, u.proxyPort]));
+    // web (opened first) gets 40007; zzz wanted it too and out wanted a port outside the range.
+    expect(ports['default/web:http']).toBe(40007);
+    for (const name of ['default/zzz:http', 'default/out:http']) {
+      expect(ports[name]).toBeGreaterThanOrEqual(40000);
+      expect(ports[name]).toBeLessThan(40010);
+      expect(ports[name]).not.toBe(40007);
+    }
+    await proxier.shutdown(0);
+
+    // Without a range the preferred port is tried as it is.
+    const bare = setup(new PreferringPortal()).proxier;
+    bare.cache.upsertService(service({ name: 'out', clusterIP: '10.96.0.13', ports: [{ name: 'http', port: 80 }] }) as unknown as V1Service);
+    await bare.setSynced();
+    expect(bare.status()[0]?.proxyPort).toBe(39000);
+    await bare.shutdown(0);
+  });
 });
 });
 

@@ -86,6 +86,18 @@ export class PortAllocator {
     throw new ProxyError('INTERNAL', `port allocator count ${this.count} disagrees with its bitmap`);
   }
 
+  /**
+   * Takes `port` if it may be used: without a range any port may (the bind tells whether it is
+   * free); with one, only a free port of the range. For a port wanted again (a restart's).
+   */
+  claim(port: number): boolean {
+    if (this.range === undefined) return Number.isInteger(port) && port >= 1 && port <= MAX_PORT;
+    const i = this.offset(port);
+    if (i === undefined || this.used[i] !== 0) return false;
+    this.take(i);
+    return true;
+  }
+
   /** Frees `port` for reuse. 0 (kernel-picked) and ports outside the range are ignored. */
   release(port: number): void {
     const i = this.offset(port);

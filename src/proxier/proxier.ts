@@ -11,7 +11,7 @@ import type { Logger } from '../seams/logger.js';
 import type { Portal } from '../seams/portal.js';
 import type { ChangeEvent, ProxierEvents, StateChange, SyncEvent, SyncSummary } from '../seams/proxier-events.js';
 import type { StateSink } from '../seams/state-sink.js';
-import type { UnitBatch, UnitSet, UnitStatus } from '../seams/unit-set.js';
+import type { UnitBatch, UnitOpen, UnitSet, UnitStatus } from '../seams/unit-set.js';
 import { BoundedFrequencyRunner } from './runner.js';
 
 export interface ProxierOptions {
@@ -228,8 +228,8 @@ export class Proxier implements ProxierEvents {
       if (desired === undefined) continue;
       const diff = diffUnits(this.unitsByService.get(key) ?? [], desired);
       for (const u of diff.close) batch.close.push(u.id);
-      for (const { to } of diff.recreate) batch.recreate.push({ unit: to, listen: this.opts.portal.listenSpecs(to) });
-      for (const u of diff.open) batch.open.push({ unit: u, listen: this.opts.portal.listenSpecs(u) });
+      for (const { to } of diff.recreate) batch.recreate.push(this.unitOpen(to));
+      for (const u of diff.open) batch.open.push(this.unitOpen(u));
       for (const { to } of diff.update) batch.update.push(to);
       planned.set(key, desired);
     }
@@ -280,6 +280,13 @@ export class Proxier implements ProxierEvents {
       noLocalEndpoints: this.totals.noLocalEndpoints(),
       listeners: this.units.listenerCount(),
     });
+  }
+
+  private unitOpen(unit: ProxyUnit): UnitOpen {
+    const open: UnitOpen = { unit, listen: this.opts.portal.listenSpecs(unit) };
+    const preferred = this.opts.portal.preferredProxyPort?.(unit);
+    if (preferred !== undefined) open.preferredProxyPort = preferred;
+    return open;
   }
 
   /** The units a Service wants now, or undefined when planning it failed (a bug: logged, retried later). */

@@ -36,6 +36,7 @@ interface ListenerState {
 
 interface RunningUnit {
   unit: ProxyUnit;
+  preferredProxyPort?: number;
   balancer: LoadBalancer;
   stats: ServicePortStats;
   socket: ProxySocket;
@@ -141,7 +142,7 @@ export class LocalUnitSet implements UnitSet {
     return { cut };
   }
 
-  private async openUnit({ unit, listen }: UnitOpen): Promise<void> {
+  private async openUnit({ unit, listen, preferredProxyPort }: UnitOpen): Promise<void> {
     if (this.stopping) return;
     // Only after a batch that failed half-way can a unit be opened twice: never leak the first.
     this.closeUnit(unit.id);
@@ -152,6 +153,7 @@ export class LocalUnitSet implements UnitSet {
     const socket = this.opts.socketFactory(unit, balancer, stats);
     const listeners = listen.map((spec) => ({ spec }));
     const ru: RunningUnit = { unit, balancer, stats, socket, listeners };
+    if (preferredProxyPort !== undefined) ru.preferredProxyPort = preferredProxyPort;
     this.units.set(unit.id, ru);
     for (const l of listeners) await this.bindListener(ru, l);
     if (this.log.isLevelEnabled('debug')) this.log.debug({ service: unit.id, endpoints: unit.endpoints.map((e) => e.addr) }, 'opened service port');
@@ -201,15 +203,20 @@ export class LocalUnitSet implements UnitSet {
   }
 
   private async bindProxyPort(ru: RunningUnit, host: string): Promise<BoundAddress> {
+    // The port the portal's rules pointed at last, if free: conntrack entries of ongoing flows point there.
+    const preferred = ru.preferredProxyPort;
     for (let attempt = 0; ; attempt++) {
-      const port = this.opts.portAllocator.allocateNext();
+      const port = attempt === 0 && preferred !== undefined && this.opts.portAllocator.claim(preferred) ? preferred : this.opts.portAllocator.allocateNext();
       try {
         const bound = await ru.socket.listen({ host: host || this.opts.bindAddress, port });
         ru.proxyPort = bound.port;
         return bound;
       } catch (err) {
-        if (port !== 0 && errnoCode(err) === 'EADDRINUSE' && attempt < 16) {
-          this.opts.portAllocator.markInUse(port);
+        const inUse = errnoCode(err) === 'EADDRINUSE';
+        // Whatever kept the preferred port from binding, an allocated one may still bind.
+        if (port !== 0 && (inUse || port === preferred) && attempt < 16) {
+          if (inUse) this.opts.portAllocator.markInUse(port);
+          else this.opts.portAllocator.release(port);
           continue;
         }
         if (port !== 0) this.opts.portAllocator.release(port);

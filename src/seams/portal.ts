@@ -45,6 +45,12 @@ export interface Portal {
   /** The sockets a unit needs. Called when a unit is opened or recreated. */
   listenSpecs(unit: ProxyUnit): ListenSpec[];
   /**
+   * The proxy port to try first for a unit: the one its portal rules (and the conntrack entries of
+   * its ongoing flows) pointed at last, in this run or, after a restart, in the previous one.
+   * Optional: only the iptables portal NATs to proxy ports.
+   */
+  preferredProxyPort?(unit: ProxyUnit): number | undefined;
+  /**
    * Program node-level forwarding for every running unit, replacing what this portal installed
    * before (one transaction where the mode has one). `periodic` is true on the resync timer.
    */

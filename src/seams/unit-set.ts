@@ -14,6 +14,11 @@ export interface UnitOpen {
   unit: ProxyUnit;
   /** The sockets the portal asks for (Portal.listenSpecs). */
   listen: ListenSpec[];
+  /**
+   * The proxy port to bind first, when the portal has one (Portal.preferredProxyPort: the one its
+   * rules, and so the conntrack entries of ongoing flows, pointed at last). Any other will do.
+   */
+  preferredProxyPort?: number;
 }
 
 /** One sync's worth of changes, applied in this order: close, recreate, open, update. */

@@ -201,11 +201,11 @@ export async function startBackend(ns: string, host: string, tcpPort: number, ud
 
 const CLIENT = `
   const net = require('node:net'), dgram = require('node:dgram');
-  const [proto, host, port, payload, timeout] = process.argv.slice(1);
+  const [proto, host, port, payload, timeout, localPort] = process.argv.slice(1);
   const fail = (m) => { process.stderr.write(m + '\\n'); process.exit(1); };
   setTimeout(() => fail('TIMEOUT'), Number(timeout)).unref();
   if (proto === 'tcp') {
-    const s = net.connect({ host, port: Number(port), allowHalfOpen: true });
+    const s = net.connect({ host, port: Number(port), allowHalfOpen: true, ...(localPort ? { localPort: Number(localPort) } : {}) });
     const chunks = [];
     s.on('connect', () => s.end(payload));
     s.on('data', (d) => chunks.push(d));
@@ -221,11 +221,12 @@ const CLIENT = `
 /**
  * One request from inside `ns`: TCP (connect, send, half-close, read to the end) or UDP (one
  * datagram on a connected socket, one reply). Resolves with the reply; rejects with the error
- * code (ECONNREFUSED, TIMEOUT, ...) as the message.
+ * code (ECONNREFUSED, TIMEOUT, ...) as the message. `localPort` (TCP): connect from that port.
  */
-export async function nsRequest(ns: string, proto: 'tcp' | 'udp', host: string, port: number, payload: string, timeoutMs = 1500): Promise<string> {
+export async function nsRequest(ns: string, proto: 'tcp' | 'udp', host: string, port: number, payload: string, timeoutMs = 1500, localPort?: number): Promise<string> {
   try {
-    const { stdout } = await nsExec(ns, process.execPath, ['-e', CLIENT, proto, host, String(port), payload, String(timeoutMs)], { timeoutMs: timeoutMs + 5000 });
+    const args = ['-e', CLIENT, proto, host, String(port), payload, String(timeoutMs), ...(localPort === undefined ? [] : [String(localPort)])];
+    const { stdout } = await nsExec(ns, process.execPath, args, { timeoutMs: timeoutMs + 5000 });
     return stdout;
   } catch (err) {
     const m = /: (\S+)\s*$/.exec((err as Error).message);
@@ -387,4 +388,83 @@ export function reachabilityTests(getLab: () => Lab | undefined): void {
     expect(await nsRequest(lab().outside, 'tcp', S.externalIP, S.tcpPort, 'ext')).toBe('backend:ext');
     expect(await nsRequest(lab().outside, 'udp', S.externalIP, S.udpPort, 'ext-udp')).toBe('backend:ext-udp');
   });
+}
+
+const UDP_FLOW = `
+  const dgram = require('node:dgram');
+  const [host, port, localPort, intervalMs, max] = process.argv.slice(1).map((a, i) => (i === 0 ? a : Number(a)));
+  let phase = 'before';
+  let seq = 0;
+  process.stdin.on('data', (d) => { phase = d.toString().trim().split('\\n').pop(); });
+  const s = dgram.createSocket('udp4');
+  // An ICMP error on the connected socket (nothing listened) is part of the story: keep sending.
+  s.on('error', () => {});
+  s.on('message', (m) => process.stdout.write(m + '\\n'));
+  const tick = () => {
+    if (seq >= max) process.exit(0);
+    s.send(phase + ':' + ++seq, () => {});
+    setTimeout(tick, intervalMs);
+  };
+  s.bind(localPort, () => s.connect(port, host, tick));`;
+
+/** One client's steady UDP flow, from one fixed source port: what keeps a conntrack entry alive. */
+export interface UdpFlow {
+  /** Replies seen so far to queries sent in `phase`. */
+  replies(phase: string): number;
+  /** Queries sent from now on carry `phase` (the backend echoes it back). */
+  setPhase(phase: string): void;
+  waitForReply(phase: string, timeoutMs: number): Promise<void>;
+  stop(): Promise<void>;
+}
+
+/**
+ * A UDP client in `ns` sending a query to `host:port` from `localPort` every `intervalMs`, at most
+ * `max` queries (so at most intervalMs * max ms). Each query is `<phase>:<seq>`; each reply line is
+ * counted by its phase, so replies to queries sent after setPhase() are told from earlier ones.
+ */
+export async function nsUdpFlow(ns: string, host: string, port: number, localPort: number, opts: { intervalMs?: number; max?: number } = {}): Promise<UdpFlow> {
+  const intervalMs = opts.intervalMs ?? 50;
+  const max = opts.max ?? 400;
+  const child = spawn('ip', ['netns', 'exec', ns, process.execPath, '-e', UDP_FLOW, host, String(port), String(localPort), String(intervalMs), String(max)], { stdio: ['pipe', 'pipe', 'pipe'] });
+  child.stdin?.on('error', () => {});
+  const exited = new Promise<void>((resolve) => child.on('exit', () => resolve()));
+  const counts = new Map<string, number>();
+  const waiters: Array<() => void> = [];
+  let partial = '';
+  let err = '';
+  child.stderr?.on('data', (d: Buffer) => (err += d.toString()));
+  child.stdout?.on('data', (d: Buffer) => {
+    const lines = (partial + d.toString()).split('\n');
+    partial = lines.pop() ?? '';
+    for (const line of lines) {
+      const phase = /^[^:]*:([^:]*):/.exec(line)?.[1];
+      if (phase !== undefined) counts.set(phase, (counts.get(phase) ?? 0) + 1);
+    }
+    for (const w of waiters.splice(0)) w();
+  });
+  const flow: UdpFlow = {
+    replies: (phase) => counts.get(phase) ?? 0,
+    setPhase: (phase) => {
+      child.stdin?.write(`${phase}\n`);
+    },
+    waitForReply: (phase, timeoutMs) =>
+      new Promise((resolve, reject) => {
+        const timer = setTimeout(() => reject(new Error(`no UDP reply in phase "${phase}" within ${timeoutMs}ms (replies so far: ${JSON.stringify(Object.fromEntries(counts))}) ${err}`)), timeoutMs);
+        const check = (): void => {
+          if (flow.replies(phase) > 0) {
+            clearTimeout(timer);
+            resolve();
+          } else if (child.exitCode !== null || child.signalCode !== null) {
+            clearTimeout(timer);
+            reject(new Error(`the UDP flow ended before a reply in phase "${phase}" ${err}`));
+          } else waiters.push(check);
+        };
+        check();
+      }),
+    stop: async () => {
+      if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
+      await exited;
+    },
+  };
+  return flow;
 }

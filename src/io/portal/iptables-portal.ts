@@ -1,13 +1,16 @@
-import type { IPFamily } from '../../core/address.js';
+import { hostPort, type IPFamily } from '../../core/address.js';
+import { parseConntrackList, staleFlows, type ConntrackTarget } from '../../core/rules/conntrack-entries.js';
 import { familyHints, unitFamilies } from '../../core/rules/families.js';
 import { parseIptablesSave, planRemoval, planJumps, type JumpPlan } from '../../core/rules/iptables-save.js';
 import { chooseHostIP } from '../../core/rules/node-address.js';
+import { previousProxyPorts } from '../../core/rules/previous-ports.js';
 import { familyInUse, isWildcard, nodePortHoldHosts, proxyPortHosts, renderIptablesRules, restorePayload } from '../../core/rules/render-iptables.js';
-import type { ProxyUnit } from '../../core/units.js';
+import { portalKey, type ProxyUnit } from '../../core/units.js';
 import { UsageError } from '../../core/errors.js';
 import type { Logger } from '../../seams/logger.js';
 import { BindInterface } from './bind-interface.js';
 import { firstLine, isMissingCommand, type CommandRunner } from './command-runner.js';
+import { Conntrack } from './conntrack.js';
 import { IptablesRunner } from './iptables-runner.js';
 import { cleanupError, removeLeftovers } from './leftovers.js';
 import type { NodeAddressSource } from './node-addresses.js';
@@ -45,10 +48,21 @@ export class IptablesPortal implements Portal {
   private readonly unchecked = new Set<IPFamily>([4, 6]);
   /** Families of each service port seen so far, for node-port-only units (see unitFamilies). */
   private hints = new Map<string, IPFamily[]>();
+  /** Unit id -> the proxy port its rules pointed at last (read from the rules a previous run left). */
+  private lastPorts = new Map<string, number>();
+  private readonly conntrack: Conntrack;
+  /** `family|UDP unit id` -> the proxy port and portals its conntrack entries were last checked for. */
+  private readonly checked = new Map<string, string>();
+  /** Families whose TCP entries were checked (once, at the first sync: see conntrack-entries.ts). */
+  private readonly tcpChecked = new Set<IPFamily>();
+  /** Every TCP proxy port bound in this run: entries pointing there may be connections we serve. */
+  private readonly servedTcpPorts = new Set<number>();
+  private conntrackMissing = false;
 
   constructor(private readonly opts: IptablesPortalOptions) {
     this.log = opts.logger.child({ component: 'portal', portal: 'iptables' });
     this.iptables = new IptablesRunner(opts.runner);
+    this.conntrack = new Conntrack(opts.runner);
     this.bindInterface = opts.bindInterface ?? new BindInterface(opts.runner);
   }
 
@@ -58,18 +72,23 @@ export class IptablesPortal implements Portal {
     try {
       // Families that still hold our chains from an earlier run count as installed: the first
       // sync must replace them even when no Service of that family exists any more.
-      if (planRemoval(parseIptablesSave(await this.iptables.save(4))) !== '') this.installed.add(4);
+      const saved = parseIptablesSave(await this.iptables.save(4));
+      if (planRemoval(saved) !== '') this.installed.add(4);
+      previousProxyPorts(saved, this.lastPorts);
     } catch (err) {
       const why = isMissingCommand(err) ? 'iptables-save is not installed (install the iptables package, or use --portal bind)' : `${(err as Error).message} (it needs root)`;
       throw new UsageError(`--portal iptables: ${why}`);
     }
     if (this.opts.nodeAddresses.ipv6Enabled()) {
       try {
-        if (planRemoval(parseIptablesSave(await this.iptables.save(6))) !== '') this.installed.add(6);
+        const saved = parseIptablesSave(await this.iptables.save(6));
+        if (planRemoval(saved) !== '') this.installed.add(6);
+        previousProxyPorts(saved, this.lastPorts);
       } catch (err) {
         this.log.warn({ err }, 'cannot read the IPv6 rules; IPv6 Services will report their own errors');
       }
     }
+    if (this.lastPorts.size > 0) this.log.info({ units: this.lastPorts.size }, 'found the proxy ports of the previous run; binding them again where free');
     // Our own chains stay until the first sync replaces them whole (and fixes the jumps), so a
     // restart leaves no moment without rules; only the bind mode's leftovers go now.
     const report = await removeLeftovers(this.iptables, this.bindInterface, this.opts.nodeAddresses.ipv6Enabled(), 'iptables');
@@ -92,13 +111,23 @@ export class IptablesPortal implements Portal {
     return specs;
   }
 
+  preferredProxyPort(unit: ProxyUnit): number | undefined {
+    return this.lastPorts.get(unit.id);
+  }
+
   async sync(units: readonly RunningUnitView[], periodic: boolean): Promise<PortalSyncResult> {
     this.hints = familyHints(units.map((u) => u.unit));
     const errors: string[] = [];
+    const programmed: IPFamily[] = [];
     for (const family of [4, 6] as const) {
       if (!this.installed.has(family) && !familyInUse(family, units, this.opts.bindAddress)) continue;
-      errors.push(...(await this.syncFamily(family, units, periodic)));
+      const result = await this.syncFamily(family, units, periodic);
+      errors.push(...result.errors);
+      if (result.programmed) programmed.push(family);
     }
+    this.rememberPorts(units);
+    // Only once the rules point at the current ports: a packet after the deletion is NATed afresh.
+    for (const family of programmed) await this.clearStaleFlows(family, units);
     return { errors };
   }
 
@@ -109,7 +138,7 @@ export class IptablesPortal implements Portal {
     if (report.failures.length > 0) throw cleanupError(report.failures);
   }
 
-  private async syncFamily(family: IPFamily, units: readonly RunningUnitView[], periodic: boolean): Promise<string[]> {
+  private async syncFamily(family: IPFamily, units: readonly RunningUnitView[], periodic: boolean): Promise<{ errors: string[]; programmed: boolean }> {
     const rendered = renderIptablesRules({
       family,
       targets: units,
@@ -131,9 +160,77 @@ export class IptablesPortal implements Portal {
       // Next sync starts from a fresh dump: whatever changed under us is seen then.
       this.unchecked.add(family);
       const why = err instanceof Error ? firstLine(err.message) : String(err);
-      return [...rendered.errors, `IPv${family} portal rules not installed (kept as they were; retried next sync): ${why}`];
+      return { errors: [...rendered.errors, `IPv${family} portal rules not installed (kept as they were; retried next sync): ${why}`], programmed: false };
     }
-    return rendered.errors;
+    return { errors: rendered.errors, programmed: true };
+  }
+
+  /**
+   * Keeps each running unit's proxy port for preferredProxyPort (a unit whose listener failed
+   * keeps the port it had); units that no longer run are forgotten.
+   */
+  private rememberPorts(units: readonly RunningUnitView[]): void {
+    const next = new Map<string, number>();
+    for (const { unit, proxyPort } of units) {
+      const port = proxyPort ?? this.lastPorts.get(unit.id);
+      if (port !== undefined) next.set(unit.id, port);
+      if (proxyPort !== undefined && unit.protocol === 'TCP') this.servedTcpPorts.add(proxyPort);
+    }
+    this.lastPorts = next;
+  }
+
+  /**
+   * Deletes the conntrack entries of `family` that still send a portal's traffic somewhere other
+   * than its unit's proxy port (see src/core/rules/conntrack-entries.ts). UDP units are looked at
+   * when first programmed and whenever their port or portals change; TCP units once, at the first
+   * sync, where the entries of a previous run are. Failures are logged: the rules are in force,
+   * and at worst a flow stays stuck as it would without this.
+   */
+  private async clearStaleFlows(family: IPFamily, units: readonly RunningUnitView[]): Promise<void> {
+    const targets = this.dueForCheck(family, units);
+    if (targets.length === 0 || this.conntrackMissing) return;
+    const localAddresses = new Set(this.opts.nodeAddresses.addresses().map((a) => a.ip.toLowerCase()));
+    for (const protocol of ['UDP', 'TCP'] as const) {
+      const due = targets.filter((t) => t.unit.protocol === protocol);
+      if (due.length === 0) continue;
+      try {
+        const entries = parseConntrackList(await this.conntrack.list(family, protocol));
+        for (const flows of staleFlows(entries, { family, targets: due, localAddresses, servedTcpPorts: this.servedTcpPorts })) {
+          const deleted = await this.conntrack.delete(flows);
+          this.log.info({ service: flows.unit, protocol, portal: hostPort({ host: flows.origDst, port: flows.origDport }), staleTarget: hostPort({ host: flows.replySrc, port: flows.replySport }), deleted }, 'deleted stale conntrack entries');
+        }
+      } catch (err) {
+        if (isMissingCommand(err)) {
+          this.conntrackMissing = true;
+          this.log.warn('conntrack is not installed: stale conntrack entries are not deleted, so an ongoing UDP flow may not reach a changed proxy port until it pauses (install conntrack)');
+          return;
+        }
+        this.log.warn({ err, family: `IPv${family}`, protocol }, 'cannot delete stale conntrack entries');
+      }
+    }
+  }
+
+  /** The units of `family` whose entries to check now (see clearStaleFlows), marked as checked. */
+  private dueForCheck(family: IPFamily, units: readonly RunningUnitView[]): ConntrackTarget[] {
+    const due: ConntrackTarget[] = [];
+    const seen = new Set<string>();
+    const firstTcp = !this.tcpChecked.has(family);
+    this.tcpChecked.add(family);
+    for (const { unit, proxyPort } of units) {
+      if (proxyPort === undefined) continue;
+      if (unit.protocol === 'TCP') {
+        if (firstTcp) due.push({ unit, proxyPort });
+        continue;
+      }
+      const key = `${family}|${unit.id}`;
+      const signature = `${proxyPort}|${unit.portals.map(portalKey).sort().join(',')}`;
+      seen.add(key);
+      if (this.checked.get(key) === signature) continue;
+      this.checked.set(key, signature);
+      due.push({ unit, proxyPort });
+    }
+    for (const key of this.checked.keys()) if (key.startsWith(`${family}|`) && !seen.has(key)) this.checked.delete(key);
+    return due;
   }
 
   private hostIP(family: IPFamily): string {

@@ -1,0 +1,56 @@
+import { NODEPORT_CONTAINER, NODEPORT_HOST, PORTALS_CONTAINER, PORTALS_HOST, PROXY_PORTS_GUARD } from './chains.js';
+import { splitWords, type SavedTables } from './iptables-save.js';
+
+/**
+ * The proxy port each unit had in the run whose rules are still installed, read back from an
+ * iptables-save dump (render-iptables.ts writes the unit's id as each rule's comment). A restart
+ * that binds the same ports again keeps the conntrack entries of ongoing flows valid: a UDP client
+ * sending steadily keeps its entry alive, and the entry keeps pointing at the port it was NATed to
+ * when it was created.
+ */
+
+const NAT_CHAINS = [PORTALS_CONTAINER, PORTALS_HOST, NODEPORT_CONTAINER, NODEPORT_HOST];
+
+function valueAfter(words: readonly string[], option: string): string | undefined {
+  const i = words.indexOf(option);
+  return i >= 0 ? words[i + 1] : undefined;
+}
+
+function portNumber(text: string | undefined): number | undefined {
+  if (text === undefined || !/^\d{1,5}$/.test(text)) return undefined;
+  const port = Number(text);
+  return port >= 1 && port <= 65535 ? port : undefined;
+}
+
+/** `REDIRECT --to-ports N`, or `DNAT --to-destination ADDR:N` / `[ADDR]:N`. */
+function natPort(words: readonly string[]): number | undefined {
+  const ports = valueAfter(words, '--to-ports');
+  if (ports !== undefined) return portNumber(ports);
+  const dest = valueAfter(words, '--to-destination');
+  const m = dest === undefined ? null : /:(\d+)$/.exec(dest);
+  return portNumber(m?.[1]);
+}
+
+/**
+ * Unit id -> proxy port, from our nat chains (IPv4 or IPv6 dump alike), and from the guard chain
+ * for a unit that had no nat rule in the family (its proxy port rule carries the bare id; node
+ * ports carry `<id> node port`). The first port seen for an id wins: the rules of one run agree.
+ */
+export function previousProxyPorts(saved: SavedTables, into: Map<string, number> = new Map()): Map<string, number> {
+  const add = (comment: string | undefined, port: number | undefined): void => {
+    if (comment !== undefined && port !== undefined && !into.has(comment)) into.set(comment, port);
+  };
+  for (const r of saved.get('nat')?.rules ?? []) {
+    if (!NAT_CHAINS.includes(r.chain)) continue;
+    const words = splitWords(r.spec);
+    add(valueAfter(words, '--comment'), natPort(words));
+  }
+  for (const r of saved.get('filter')?.rules ?? []) {
+    if (r.chain !== PROXY_PORTS_GUARD) continue;
+    const words = splitWords(r.spec);
+    const comment = valueAfter(words, '--comment');
+    if (comment?.endsWith(' node port')) continue;
+    add(comment, portNumber(valueAfter(words, '--dport')));
+  }
+  return into;
+}
