@@ -37,8 +37,8 @@ RUN apt-get update \
 WORKDIR /app
 ENV NODE_ENV=production
 # glibc: keep freed memory instead of returning it to the kernel at once. Node allocates a 64 KiB
-# buffer per socket read; without this, bulk transfers spend ~15% of their cycles on page faults
-# (bench/README.md: TCP bulk 7.0 -> 11.2 Gbit/s on one core).
+# buffer per read of an accepted socket; without this, bulk transfers spend a good part of their
+# cycles on page faults (bench/README.md has the figures).
 ENV MALLOC_TRIM_THRESHOLD_=268435456 MALLOC_TOP_PAD_=16777216
 COPY --from=build /src/package.json /src/package-lock.json ./
 COPY --from=build /src/node_modules ./node_modules

@@ -77,7 +77,7 @@ export function parseCommandLine(argv: readonly string[]): CliOutcome {
   }
   const o = program.opts<Record<string, string | boolean | undefined>>();
   const options: RawOptions = {};
-  const s = (k: string): string | undefined => (typeof o[k] === 'string' ? (o[k] as string) : undefined);
+  const s = (k: string): string | undefined => (typeof o[k] === 'string' ? (o[k]) : undefined);
   // Commander names each value after its flag in camelCase, as RawOptions does; only the two
   // kube-proxy aliases map onto another name.
   for (const key of STRING_OPTIONS) {

@@ -335,6 +335,8 @@ function describe(v: unknown): string {
   if (Array.isArray(v)) return 'a list';
   if (typeof v === 'object') return 'an object';
   if (typeof v === 'string') return `string ${JSON.stringify(v)}`;
+  // What is left is a number, boolean, bigint or undefined: String() says it as written.
+  // eslint-disable-next-line @typescript-eslint/no-base-to-string
   return `${typeof v} ${String(v)}`;
 }
 

@@ -160,7 +160,7 @@ describe('kube-proxy\'s sync metrics', () => {
     sink.replaceServices(services);
     sink.replaceEndpointSlices(slices);
     const synced = nextSync();
-    proxier.setSynced();
+    void proxier.setSynced();
     expect((await synced).opened).toBe(5);
 
     const after = await scrape();
@@ -279,7 +279,7 @@ describe('the userspace proxy\'s own metrics, per service port', () => {
     // A new port recreates the unit (and its stats) under the same service port name.
     const newPort = await freePort(WEB);
     let synced = nextSync();
-    sink.upsertService(service({ name: 'web', clusterIP: '10.96.50.1', ports: [{ name: 'http', port: newPort }], resourceVersion: '2' }) as unknown as V1Service);
+    sink.upsertService(service({ name: 'web', clusterIP: '10.96.50.1', ports: [{ name: 'http', port: newPort }], resourceVersion: '2' }));
     expect((await synced).recreated).toBe(1);
     const { socket, got } = await connectTo(newPort, WEB);
     socket.end('x');

@@ -10,7 +10,7 @@ function lbLocal(ports: Array<{ name: string; port: number; nodePort: number }>)
   const svc = service({ name: 'web', clusterIP: '10.96.0.10', ports, externalTrafficPolicy: 'Local' }) as { spec: Record<string, unknown> };
   svc.spec.type = 'LoadBalancer';
   svc.spec.healthCheckNodePort = 32000;
-  return svc as unknown as V1Service;
+  return svc;
 }
 
 describe('planService', () => {

@@ -107,7 +107,7 @@ class SlowPortal extends RecordingPortal {
   }
 }
 
-const web = (rv: string): V1Service => service({ name: 'web', clusterIP: '10.96.0.10', ports: [{ name: 'http', port: 80 }], resourceVersion: rv }) as unknown as V1Service;
+const web = (rv: string): V1Service => service({ name: 'web', clusterIP: '10.96.0.10', ports: [{ name: 'http', port: 80 }], resourceVersion: rv });
 const slice = (ips: string[], rv: string): V1EndpointSlice => endpointSlice({ service: 'web', ports: [{ name: 'http', port: 8080 }], endpoints: ips.map((ip) => ({ ip })), resourceVersion: rv }) as unknown as V1EndpointSlice;
 
 describe('the proxier programs the portal only when rules can change', () => {
@@ -178,7 +178,7 @@ describe('a Service whose translation throws (a bug, not input)', () => {
   it('costs the other Services nothing, and is tried again at the next sync', async () => {
     const { proxier } = setup();
     proxier.cache.upsertService(web('1'));
-    proxier.cache.upsertService(service({ name: 'api', clusterIP: '10.96.0.11', ports: [{ name: 'http', port: 80 }] }) as unknown as V1Service);
+    proxier.cache.upsertService(service({ name: 'api', clusterIP: '10.96.0.11', ports: [{ name: 'http', port: 80 }] }));
     const real = proxier.cache.service.bind(proxier.cache);
     let broken = true;
     proxier.cache.service = (key: string) => {
@@ -198,7 +198,7 @@ describe('--proxy-port-range', () => {
   it('an exhausted range is a clear error for that service port; the others keep working', async () => {
     const { proxier } = setup(new RecordingPortal(), { base: 40000, size: 1 });
     proxier.cache.upsertService(web('1'));
-    proxier.cache.upsertService(service({ name: 'zzz', clusterIP: '10.96.0.12', ports: [{ name: 'http', port: 80 }] }) as unknown as V1Service);
+    proxier.cache.upsertService(service({ name: 'zzz', clusterIP: '10.96.0.12', ports: [{ name: 'http', port: 80 }] }));
     await proxier.setSynced();
     const [first, second] = proxier.status();
     expect(first).toMatchObject({ name: 'default/web:http', proxyPort: 40000, errors: [] });
@@ -220,8 +220,8 @@ describe('--proxy-port-range', () => {
     }
     const { proxier } = setup(new PreferringPortal(), { base: 40000, size: 10 });
     proxier.cache.upsertService(web('1'));
-    proxier.cache.upsertService(service({ name: 'zzz', clusterIP: '10.96.0.12', ports: [{ name: 'http', port: 80 }] }) as unknown as V1Service);
-    proxier.cache.upsertService(service({ name: 'out', clusterIP: '10.96.0.13', ports: [{ name: 'http', port: 80 }] }) as unknown as V1Service);
+    proxier.cache.upsertService(service({ name: 'zzz', clusterIP: '10.96.0.12', ports: [{ name: 'http', port: 80 }] }));
+    proxier.cache.upsertService(service({ name: 'out', clusterIP: '10.96.0.13', ports: [{ name: 'http', port: 80 }] }));
     await proxier.setSynced();
     const ports = Object.fromEntries(proxier.status().map((u) => [u.name, u.proxyPort]));
     // web (opened first) gets 40007; zzz wanted it too and out wanted a port outside the range.
@@ -235,7 +235,7 @@ describe('--proxy-port-range', () => {
 
     // Without a range the preferred port is tried as it is.
     const bare = setup(new PreferringPortal()).proxier;
-    bare.cache.upsertService(service({ name: 'out', clusterIP: '10.96.0.13', ports: [{ name: 'http', port: 80 }] }) as unknown as V1Service);
+    bare.cache.upsertService(service({ name: 'out', clusterIP: '10.96.0.13', ports: [{ name: 'http', port: 80 }] }));
     await bare.setSynced();
     expect(bare.status()[0]?.proxyPort).toBe(39000);
     await bare.shutdown(0);
@@ -247,7 +247,7 @@ describe('no-local-endpoints counts', () => {
   it('follow each Service as it changes and goes, without recounting the others', async () => {
     const { proxier, last } = setup();
     const local = (name: string, rv: string): V1Service =>
-      service({ name, clusterIP: '10.96.0.11', ports: [{ name: 'http', port: 80, nodePort: 30080 }], internalTrafficPolicy: 'Local', externalTrafficPolicy: 'Local', resourceVersion: rv }) as unknown as V1Service;
+      service({ name, clusterIP: '10.96.0.11', ports: [{ name: 'http', port: 80, nodePort: 30080 }], internalTrafficPolicy: 'Local', externalTrafficPolicy: 'Local', resourceVersion: rv });
     const eps = (name: string, nodeName: string, rv: string): V1EndpointSlice =>
       endpointSlice({ service: name, ports: [{ name: 'http', port: 8080 }], endpoints: [{ ip: '10.0.0.1', nodeName }], resourceVersion: rv }) as unknown as V1EndpointSlice;
     proxier.cache.upsertService(local('a', '1'));

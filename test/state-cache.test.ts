@@ -10,7 +10,7 @@ function fixture<T>(name: string): T {
   return JSON.parse(readFileSync(new URL(`./fixtures/kube/${name}`, import.meta.url), 'utf8')) as T;
 }
 
-const svc = (s: Partial<ServiceSpec> = {}): V1Service => service({ name: 'web', ports: [{ name: 'http', port: 80 }], ...s }) as V1Service;
+const svc = (s: Partial<ServiceSpec> = {}): V1Service => service({ name: 'web', ports: [{ name: 'http', port: 80 }], ...s });
 const slice = (s: Partial<SliceSpec> = {}): V1EndpointSlice =>
   endpointSlice({ service: 'web', ports: [{ name: 'http', port: 8080 }], endpoints: [{ ip: '10.0.0.1' }], ...s }) as unknown as V1EndpointSlice;
 /** A Service whose first port is out of range. */

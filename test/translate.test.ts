@@ -19,7 +19,7 @@ const real = (name: string): V1Service => {
 
 const svc = (s: Partial<ServiceSpec> & { spec?: Record<string, unknown> } = {}): V1Service => {
   const base = service({ name: 'web', ports: [{ name: 'http', port: 80 }], ...s }) as { spec: Record<string, unknown> };
-  return { ...base, spec: { ...base.spec, ...s.spec } } as unknown as V1Service;
+  return { ...base, spec: { ...base.spec, ...s.spec } };
 };
 const slice = (s: Partial<SliceSpec> & { extra?: Record<string, unknown> } = {}): V1EndpointSlice =>
   ({ ...endpointSlice({ service: 'web', ports: [{ name: 'http', port: 8080 }], endpoints: [], ...s }), ...s.extra }) as unknown as V1EndpointSlice;
@@ -254,7 +254,7 @@ describe('translateService service-level fields', () => {
   it('takes load-balancer ingress IPs except hostnames and ipMode Proxy, and the health check port of a Local LoadBalancer', () => {
     const lb = svc({ type: 'LoadBalancer', externalTrafficPolicy: 'Local', spec: { healthCheckNodePort: 32000, trafficDistribution: 'PreferClose' } }) as unknown as Record<string, unknown>;
     lb.status = { loadBalancer: { ingress: [{ ip: '203.0.113.1' }, { hostname: 'lb.example' }, { ip: '203.0.113.2', ipMode: 'Proxy' }, { ip: '203.0.113.3', ipMode: 'VIP' }] } };
-    const p = translateService(lb as V1Service, []).ports[0];
+    const p = translateService(lb, []).ports[0];
     expect(p?.loadBalancerIPs).toEqual(['203.0.113.1', '203.0.113.3']);
     expect(p?.healthCheckNodePort).toBe(32000);
     expect(p?.trafficDistribution).toBe('PreferClose');

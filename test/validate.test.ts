@@ -11,8 +11,8 @@ function fixture<T>(name: string): T {
 }
 
 const svc = (over: Record<string, unknown> = {}, spec: Record<string, unknown> = {}): V1Service => {
-  const base = service({ name: 'web', ports: [{ name: 'http', port: 80 }] }) as Record<string, unknown>;
-  return { ...base, ...over, spec: { ...(base.spec as object), ...spec } } as V1Service;
+  const base = service({ name: 'web', ports: [{ name: 'http', port: 80 }] });
+  return { ...base, ...over, spec: { ...(base.spec as object), ...spec } };
 };
 
 const slice = (over: Record<string, unknown> = {}): V1EndpointSlice => {

@@ -40,7 +40,7 @@ const closers: Array<() => Promise<void>> = [];
 const unready = (e: Ep): Ep => ({ ...e, ready: false, serving: false, terminating: false });
 const terminating = (e: Ep): Ep => ({ ...e, ready: false, serving: true, terminating: true });
 const hinted = (e: Ep, zone: string): Ep => ({ ...e, hintZone: zone });
-const nodeHinted = (e: Ep): Ep => ({ ...e, hintZone: e.zone as string, hintNode: e.nodeName as string });
+const nodeHinted = (e: Ep): Ep => ({ ...e, hintZone: e.zone, hintNode: e.nodeName });
 
 function svc(name: string, clusterIP: string, extra: Partial<ServiceSpec> = {}): Obj {
   return service({ name, clusterIP, ports: [{ name: 'http', port }], ...extra });

@@ -69,7 +69,7 @@ export function planService(key: string, svc: V1Service | undefined, slices: rea
 /**
  * The node-wide sums of the plans: Services with a health check node port, and the no-local
  * counts. Kept per Service and updated as each is planned, so a sync costs what changed, not what
- * exists (at 10,000 Services a recount after every sync cost 40 ms).
+ * exists (bench/README.md says what a recount after every sync cost at 10,000 Services).
  */
 export class PlanTotals {
   private readonly health = new Map<string, ServiceHealth>();

@@ -318,5 +318,5 @@ function isRecord(v: unknown): v is Record<string, unknown> {
 
 function show(v: unknown): string {
   if (v === undefined) return 'nothing';
-  return JSON.stringify(v) ?? String(v);
+  return JSON.stringify(v) ?? typeof v; // undefined for a function or a symbol
 }

@@ -167,7 +167,7 @@ export class FakeApiServer {
     const info = FAKE_RESOURCES[resource];
     const { kind: _k, apiVersion: _a, ...rest } = structuredClone(input) as Obj;
     const meta = { ...(rest.metadata as Obj | undefined) };
-    if (info.namespaced) meta.namespace = (meta.namespace as string | undefined) || 'default';
+    if (info.namespaced) meta.namespace = (meta.namespace) || 'default';
     const key = keyOf(resource, meta);
     const prev = this.store[resource].get(key);
     const prevMeta = (prev?.metadata ?? {}) as Obj;

@@ -8,7 +8,7 @@ export async function waitFor<T>(fn: () => T | Promise<T>, what: string, timeout
   for (;;) {
     try {
       const v = await fn();
-      if (v) return v as NonNullable<T>;
+      if (v) return v;
     } catch (err) {
       last = err;
     }

@@ -38,3 +38,26 @@ export function familyHints(units: Iterable<ProxyUnit>): Map<string, IPFamily[]>
   }
   return hints;
 }
+
+/**
+ * What a portal knows of each service port's families: learnt from units as they are opened (a
+ * node-port-only half may be opened before its sibling is synced), and replaced by what runs at
+ * every sync. Both portals that program the node keep one.
+ */
+export class FamilyBook {
+  private hints = new Map<string, IPFamily[]>();
+
+  /** Adds what these units say, keeping what is known of others. */
+  learn(units: readonly ProxyUnit[]): void {
+    for (const [key, families] of familyHints(units)) this.hints.set(key, families);
+  }
+
+  /** Forgets everything but what these (the running) units say. */
+  replace(units: Iterable<ProxyUnit>): void {
+    this.hints = familyHints(units);
+  }
+
+  familiesOf(unit: ProxyUnit): IPFamily[] {
+    return unitFamilies(unit, this.hints);
+  }
+}

@@ -176,7 +176,7 @@ export class HttpKubeApi implements KubeApi {
         if (settled) return;
         settled = true;
         res.destroy();
-        reject(err);
+        reject(err instanceof Error ? err : new Error(String(err)));
       };
       const deliver = (line: string): void => {
         if (line.trim() === '') return;

@@ -95,7 +95,7 @@ function collect(doc: Doc, implied: Implied | undefined, file: string, out: Mani
   if (kind === 'List' || Object.hasOwn(TYPED_LISTS, kind)) return collectList(doc, kind, file, out, problem);
   if (kind === 'Service') {
     if (apiVersion !== SERVICE_API) return problem('apiVersion', `${show(apiVersion)}: Services are read as ${SERVICE_API} only`);
-    out.services.push(doc as unknown as V1Service);
+    out.services.push(doc);
     return;
   }
   if (kind === 'EndpointSlice') {

@@ -173,7 +173,7 @@ export class TcpProxySocket implements ProxySocket {
     try {
       dialed = this.dialer.dial(new ClientDial(conn.client, conn.clientIP, endpoint, this.dialTimeoutsMs[attempt] as number, reads));
     } catch (err) {
-      dialed = Promise.reject(err); // a dialer that throws has failed like one that rejects
+      dialed = Promise.reject(err instanceof Error ? err : new Error(String(err))); // a dialer that throws has failed like one that rejects
     }
     dialed.then(
       (upstream) => {

@@ -1,6 +1,6 @@
-import type { IPFamily } from '../../core/address.js';
 import { addressKey } from '../../core/address.js';
-import { familyHints, unitFamilies } from '../../core/rules/families.js';
+import { addressChanges, missingAddresses, wantedAddresses } from '../../core/rules/bind-addresses.js';
+import { FamilyBook } from '../../core/rules/families.js';
 import { nodePortAddresses } from '../../core/rules/node-address.js';
 import { nodePortHoldHosts } from '../../core/rules/render-iptables.js';
 import type { ProxyUnit } from '../../core/units.js';
@@ -26,7 +26,7 @@ export interface BindPortalOptions {
  * No NAT, no netfilter: every ClusterIP, externalIP and load-balancer IP of a running unit is an
  * address on an interface of ours (kube-userspace0), so the proxy listens on `ip:port` itself,
  * and node ports listen on the node's addresses. The interface is how cleanup finds everything,
- * also after SIGKILL: deleting it removes every address at once. README-portals.md explains why
+ * also after SIGKILL: deleting it removes every address at once. docs/portals.md explains why
  * addresses on an interface rather than a local route for --service-cluster-ip-range.
  *
  * A socket can only bind an address once it is local, so addresses must be in place before the
@@ -40,7 +40,7 @@ export class BindPortal implements Portal {
   /** What is on the interface, as far as we know (re-read on periodic syncs and after failures). */
   private present = new Map<string, string>();
   private stale = true;
-  private hints = new Map<string, IPFamily[]>();
+  private readonly families = new FamilyBook();
 
   constructor(private readonly opts: BindPortalOptions) {
     this.log = opts.logger.child({ component: 'portal', portal: 'bind' });
@@ -69,8 +69,8 @@ export class BindPortal implements Portal {
    * listenSpecs, one blocking `ip` run per unit.
    */
   async prepare(units: readonly ProxyUnit[]): Promise<PortalSyncResult> {
-    this.learn(units);
-    const missing = this.missing(units);
+    this.families.learn(units);
+    const missing = missingAddresses(units, this.present);
     if (missing.length === 0) return { errors: [] };
     try {
       await this.iface.apply(missing, []);
@@ -83,7 +83,7 @@ export class BindPortal implements Portal {
   }
 
   listenSpecs(unit: ProxyUnit): ListenSpec[] {
-    this.learn([unit]);
+    this.families.learn([unit]);
     this.ensureNow(unit);
     const specs: ListenSpec[] = [];
     for (const p of unit.portals) {
@@ -94,13 +94,11 @@ export class BindPortal implements Portal {
   }
 
   async sync(units: readonly RunningUnitView[], periodic: boolean): Promise<PortalSyncResult> {
-    this.hints = familyHints(units.map((u) => u.unit));
-    const wanted = new Map<string, string>();
-    for (const { unit } of units) for (const ip of addressed(unit)) wanted.set(addressKey(ip), ip);
+    this.families.replace(units.map((u) => u.unit));
+    const wanted = wantedAddresses(units.map((u) => u.unit));
     try {
       if (periodic || this.stale) await this.reread();
-      const add = [...wanted].filter(([k]) => !this.present.has(k)).map(([, ip]) => ip);
-      const remove = [...this.present].filter(([k]) => !wanted.has(k)).map(([, ip]) => ip);
+      const { add, remove } = addressChanges(wanted, this.present);
       if (add.length === 0 && remove.length === 0) return { errors: [] };
       let failure = '';
       try {
@@ -140,15 +138,9 @@ export class BindPortal implements Portal {
     this.stale = false;
   }
 
-  private missing(units: readonly ProxyUnit[]): string[] {
-    const out = new Map<string, string>();
-    for (const u of units) for (const ip of addressed(u)) if (!this.present.has(addressKey(ip))) out.set(addressKey(ip), ip);
-    return [...out.values()];
-  }
-
   /** The synchronous fallback: a unit's addresses, if not yet local, added before its sockets bind. */
   private ensureNow(unit: ProxyUnit): void {
-    const missing = this.missing([unit]);
+    const missing = missingAddresses([unit], this.present);
     if (missing.length === 0) return;
     try {
       this.iface.applySync(missing);
@@ -165,18 +157,9 @@ export class BindPortal implements Portal {
    * each allowed node address as the node has them now.
    */
   private nodePortHosts(unit: ProxyUnit): string[] {
-    const families = unitFamilies(unit, this.hints);
+    const families = this.families.familiesOf(unit);
     if (this.opts.nodePortAddresses.length === 0) return nodePortHoldHosts(families);
     const allowed = nodePortAddresses(this.opts.nodeAddresses.addresses(), this.opts.nodePortAddresses, this.iface.name);
     return allowed.filter((a) => families.includes(a.family)).map((a) => a.ip);
   }
-
-  private learn(units: readonly ProxyUnit[]): void {
-    for (const [key, families] of familyHints(units)) this.hints.set(key, families);
-  }
-}
-
-/** The addresses a unit listens on directly: ClusterIPs, externalIPs and load-balancer IPs. */
-function addressed(unit: ProxyUnit): string[] {
-  return unit.portals.filter((p) => p.kind !== 'nodePort' && p.ip !== '').map((p) => p.ip);
 }

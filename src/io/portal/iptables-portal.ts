@@ -1,6 +1,6 @@
 import { hostPort, type IPFamily } from '../../core/address.js';
 import { parseConntrackList, staleFlows, type ConntrackTarget } from '../../core/rules/conntrack-entries.js';
-import { familyHints, unitFamilies } from '../../core/rules/families.js';
+import { FamilyBook } from '../../core/rules/families.js';
 import { parseIptablesSave, planRemoval, planJumps, type JumpPlan } from '../../core/rules/iptables-save.js';
 import { chooseHostIP } from '../../core/rules/node-address.js';
 import { previousProxyPorts } from '../../core/rules/previous-ports.js';
@@ -47,7 +47,7 @@ export class IptablesPortal implements Portal {
   /** Families whose jumps to check against a dump at the next sync. */
   private readonly unchecked = new Set<IPFamily>([4, 6]);
   /** Families of each service port seen so far, for node-port-only units (see unitFamilies). */
-  private hints = new Map<string, IPFamily[]>();
+  private readonly families = new FamilyBook();
   /** Unit id -> the proxy port its rules pointed at last (read from the rules a previous run left). */
   private lastPorts = new Map<string, number>();
   private readonly conntrack: Conntrack;
@@ -98,8 +98,8 @@ export class IptablesPortal implements Portal {
   }
 
   listenSpecs(unit: ProxyUnit): ListenSpec[] {
-    this.learn([unit]);
-    const families = unitFamilies(unit, this.hints);
+    this.families.learn([unit]);
+    const families = this.families.familiesOf(unit);
     // One proxy port per unit; a dual-stack unit listens on it in both families (the proxier
     // binds the unit's first proxy port number again for the second spec).
     const specs: ListenSpec[] = proxyPortHosts(this.opts.bindAddress, families).map((host) => ({ host, port: 0, proxyPort: true, portals: unit.portals }));
@@ -116,7 +116,7 @@ export class IptablesPortal implements Portal {
   }
 
   async sync(units: readonly RunningUnitView[], periodic: boolean): Promise<PortalSyncResult> {
-    this.hints = familyHints(units.map((u) => u.unit));
+    this.families.replace(units.map((u) => u.unit));
     const errors: string[] = [];
     const programmed: IPFamily[] = [];
     for (const family of [4, 6] as const) {
@@ -236,9 +236,5 @@ export class IptablesPortal implements Portal {
   private hostIP(family: IPFamily): string {
     const nodes = this.opts.nodeAddresses;
     return chooseHostIP(nodes.addresses(), family, nodes.defaultRouteInterface(family), this.bindInterface.name);
-  }
-
-  private learn(units: readonly ProxyUnit[]): void {
-    for (const [key, families] of familyHints(units)) this.hints.set(key, families);
   }
 }

@@ -1,0 +1,40 @@
+import { describe, expect, it } from 'vitest';
+import { addressChanges, missingAddresses, wantedAddresses } from '../src/core/rules/bind-addresses.js';
+import { FamilyBook } from '../src/core/rules/families.js';
+import type { ProxyUnit } from '../src/core/units.js';
+
+function unit(id: string, portals: ProxyUnit['portals']): ProxyUnit {
+  return { id, servicePort: id.replace(' (external)', ''), service: 'default/web', protocol: 'TCP', scope: 'all', portals, endpoints: [], affinity: { type: 'None', timeoutSeconds: 10800 } };
+}
+
+describe('the bind portal\'s addresses', () => {
+  const a = unit('default/web:http', [{ kind: 'clusterIP', ip: '10.96.0.10', port: 80 }, { kind: 'clusterIP', ip: 'fd00::a', port: 80 }, { kind: 'nodePort', ip: '', port: 30080 }]);
+  const b = unit('default/api:http', [{ kind: 'externalIP', ip: '192.0.2.7', port: 80 }, { kind: 'loadBalancer', ip: '198.51.100.7', port: 80 }]);
+
+  it('wants every ClusterIP, externalIP and load-balancer IP, never a node port, one entry per address however it is spelt', () => {
+    expect([...wantedAddresses([a, b]).values()].sort()).toEqual(['10.96.0.10', '192.0.2.7', '198.51.100.7', 'fd00::a']);
+    // fd00:0:0::A, as the interface may list it, is fd00::a: present, so not missing.
+    const present = wantedAddresses([unit('default/other:x', [{ kind: 'clusterIP', ip: 'fd00:0:0::A', port: 1 }])]);
+    expect(missingAddresses([a], present)).toEqual(['10.96.0.10']);
+  });
+
+  it('adds what is wanted and missing, removes what is present and not wanted', () => {
+    const present = wantedAddresses([b, unit('default/old:http', [{ kind: 'clusterIP', ip: '10.96.0.99', port: 80 }])]);
+    expect(addressChanges(wantedAddresses([a, b]), present)).toEqual({ add: ['10.96.0.10', 'fd00::a'], remove: ['10.96.0.99'] });
+    expect(addressChanges(present, present)).toEqual({ add: [], remove: [] });
+  });
+});
+
+describe('FamilyBook', () => {
+  it('gives a node-port-only half its sibling\'s families, learnt before the sync and replaced at it', () => {
+    const book = new FamilyBook();
+    const external = unit('default/web:http (external)', [{ kind: 'nodePort', ip: '', port: 30080 }]);
+    expect(book.familiesOf(external)).toEqual([4]); // nothing known: IPv4
+    book.learn([unit('default/web:http', [{ kind: 'clusterIP', ip: 'fd00::a', port: 80 }])]);
+    expect(book.familiesOf(external)).toEqual([6]);
+    book.replace([unit('default/web:http', [{ kind: 'clusterIP', ip: '10.96.0.10', port: 80 }, { kind: 'clusterIP', ip: 'fd00::a', port: 80 }])]);
+    expect(book.familiesOf(external)).toEqual([4, 6]);
+    book.replace([]);
+    expect(book.familiesOf(external)).toEqual([4]);
+  });
+});
