@@ -145,8 +145,3 @@ export function planRemoval(saved: SavedTables): string {
   }
   return out.length > 0 ? `${out.join('\n')}\n` : '';
 }
-
-/** Whether the dump holds anything of ours (chains or jumps): what a test or a cleanup check asks. */
-export function hasLeftovers(saved: SavedTables): boolean {
-  return planRemoval(saved) !== '';
-}
