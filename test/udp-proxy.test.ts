@@ -226,3 +226,83 @@ describe('UdpProxySocket: lifecycle', () => {
     expect(proxy.addresses()).toHaveLength(1);
   });
 });
+
+/** The listener sockets and their sessions, which the proxy keeps to itself. */
+interface Internals {
+  listeners: Map<string, { socket: UdpSocket; sessions: Map<string, { lastActivity: number }> }>;
+}
+const internals = (proxy: UdpProxySocket): Internals => proxy as unknown as Internals;
+
+/**
+ * Counts reads of every open session's lastActivity from now on: how many sessions an operation
+ * looks at (a scan reads every one). Writes are not counted.
+ */
+function countLooks(proxy: UdpProxySocket): { looks: number } {
+  const counter = { looks: 0 };
+  for (const listener of internals(proxy).listeners.values()) {
+    for (const session of listener.sessions.values()) {
+      let value = session.lastActivity;
+      Object.defineProperty(session, 'lastActivity', {
+        get: () => (counter.looks++, value),
+        set: (v: number) => void (value = v),
+        configurable: true,
+        enumerable: true,
+      });
+    }
+  }
+  return counter;
+}
+
+describe('UdpProxySocket: activity order', () => {
+  it('reclaims the least recently active session, counting replies, not the oldest created', async () => {
+    const [a, b, c] = [await echo(LO, 'A'), await echo(LO, 'B'), await echo(LO, 'C')];
+    const balancer = FakeBalancer.of([a.port, b.port, c.port]);
+    const { proxy, port } = await proxyFor(balancer, { maxSessions: 3 });
+    // A remembers where its session socket is, to send it a datagram of its own.
+    let aSession: { address: string; port: number } | undefined;
+    a.socket.on('message', (_m, r) => (aSession = { address: r.address, port: r.port }));
+    const [c1, c2, c3, c4, c5] = [await client(), await client(), await client(), await client(), await client()] as const;
+
+    await udpAsk(c1, port, LO, '1'); // to A
+    await udpAsk(c2, port, LO, '2'); // to B
+    await udpAsk(c3, port, LO, '3'); // to C
+    await udpAsk(c2, port, LO, '2 again');
+    // Only the endpoint speaks: c1's session is now the most recently active.
+    const pushed = new Promise<Buffer>((resolve) => c1.once('message', resolve));
+    a.socket.send('news', aSession?.port as number, aSession?.address as string);
+    expect((await withDeadline(pushed, 2000, 'the pushed datagram')).toString()).toBe('news');
+
+    await udpAsk(c4, port, LO, '4'); // reclaims c3's session (to C): c3 < c2 < c1
+    expect(balancer.released).toEqual([`${LO}:${c.port}`]);
+    await udpAsk(c5, port, LO, '5'); // then c2's (to B), which was active before c1's push
+    expect(balancer.released).toEqual([`${LO}:${c.port}`, `${LO}:${b.port}`]);
+    expect(proxy.stats).toMatchObject({ udpSessionsReclaimed: 2, udpSessionsCreated: 5 });
+    expect((await udpAsk(c1, port, LO, 'still')).msg.toString()).toBe('A:still');
+    expect(proxy.stats.udpSessionsCreated).toBe(5);
+  });
+
+  it('neither a reclaim nor the idle sweep looks at every session', async () => {
+    const N = 64;
+    const e = await echo();
+    const { proxy, port } = await proxyFor(FakeBalancer.of([e.port]), { maxSessions: N });
+    const clients: UdpSocket[] = [];
+    for (let i = 0; i < N; i++) clients.push(await client());
+    for (const c of clients) await udpAsk(c, port, LO, 'hi');
+    expect(proxy.active()).toBe(N);
+
+    const counter = countLooks(proxy);
+    await udpAsk(await client(), port, LO, 'one more'); // reclaims one
+    expect(proxy.stats.udpSessionsReclaimed).toBe(1);
+    expect(counter.looks).toBeLessThanOrEqual(2);
+
+    counter.looks = 0;
+    proxy.sweep(performance.now()); // none is idle
+    expect(proxy.active()).toBe(N);
+    expect(counter.looks).toBeLessThanOrEqual(2);
+
+    counter.looks = 0;
+    proxy.sweep(performance.now() + IDLE_MS); // all are
+    expect(proxy.active()).toBe(0);
+    expect(counter.looks).toBeLessThanOrEqual(2 * N);
+  });
+});

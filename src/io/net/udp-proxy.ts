@@ -10,6 +10,7 @@ import { listenKey } from './listen-key.js';
 import type { BoundAddress, ListenAddress, ProxySocket } from './proxy-socket.js';
 import { RateLimiter } from './rate-limiter.js';
 import { clientKey, type UdpListener, type UdpSession } from './udp-session.js';
+import { SessionOrder } from './udp-session-order.js';
 
 /** kube-proxy's --udp-timeout default. */
 export const DEFAULT_UDP_IDLE_TIMEOUT_MS = 250;
@@ -31,7 +32,8 @@ export interface UdpProxySocketOptions {
  * A proxied UDP service port (upstream udpProxySocket). Each client address gets a session: its
  * own connected socket to one endpoint, so the endpoint's replies can be told apart per client and
  * ICMP errors reach us. Replies go back from the listener socket, i.e. from the service's address.
- * Sessions idle out through sweep(), called from the proxier's one coarse timer.
+ * Sessions idle out through sweep(), called from the proxier's one coarse timer. They are kept in
+ * order of activity (SessionOrder), so neither the sweep nor a reclaim at maxSessions scans them.
  *
  * Node reads every datagram into a 64 KiB buffer, so datagrams up to 65507 bytes pass intact (the
  * Go proxy read into 4 KiB and truncated).
@@ -46,6 +48,7 @@ export class UdpProxySocket implements ProxySocket {
   private readonly idleTimeoutMs: number;
   private readonly maxSessions: number;
   private readonly listeners = new Map<string, UdpListener>();
+  private readonly order = new SessionOrder();
   private sessionCount = 0;
   private drainWaiters: (() => void)[] = [];
   private readonly reclaimWarnings = new RateLimiter(1000);
@@ -126,12 +129,13 @@ export class UdpProxySocket implements ProxySocket {
     }
   }
 
-  /** End sessions idle for idleTimeoutMs or longer. `nowMs` is performance.now() time. */
+  /**
+   * End sessions idle for idleTimeoutMs or longer. `nowMs` is performance.now() time. From the
+   * least recently active on, up to the first that is not idle: no session behind it can be.
+   */
   sweep(nowMs: number): void {
-    for (const listener of this.listeners.values()) {
-      for (const session of listener.sessions.values()) {
-        if (nowMs - session.lastActivity >= this.idleTimeoutMs) this.endSession(session);
-      }
+    for (let s = this.order.oldest(); s !== undefined && nowMs - s.lastActivity >= this.idleTimeoutMs; s = this.order.oldest()) {
+      this.endSession(s);
     }
   }
 
@@ -140,10 +144,16 @@ export class UdpProxySocket implements ProxySocket {
     const key = clientKey(rinfo.address, rinfo.port);
     const session = listener.sessions.get(key) ?? this.openSession(listener, key, rinfo);
     if (session === undefined) return; // dropped: no endpoints
-    session.lastActivity = performance.now();
+    this.markActive(session);
     this.stats.bytesToEndpoint += msg.length;
     if (session.pending === undefined) session.socket.send(msg);
     else if (session.pending.length < MAX_PENDING_DATAGRAMS) session.pending.push(msg);
+  }
+
+  /** A datagram either way: the session becomes the most recently active. */
+  private markActive(session: UdpSession): void {
+    session.lastActivity = performance.now();
+    this.order.touch(session);
   }
 
   private openSession(listener: UdpListener, key: string, rinfo: RemoteInfo): UdpSession | undefined {
@@ -154,7 +164,7 @@ export class UdpProxySocket implements ProxySocket {
       if (this.debugEnabled()) this.log.debug({ client: rinfo.address }, 'no endpoints: datagram dropped');
       return undefined;
     }
-    if (this.sessionCount >= this.maxSessions) this.reclaimOldest();
+    if (this.sessionCount >= this.maxSessions) this.reclaimLeastRecentlyActive();
     const socket = createSocket({ type: isIPv6(endpoint.ip) ? 'udp6' : 'udp4' });
     const session: UdpSession = {
       key,
@@ -166,9 +176,12 @@ export class UdpProxySocket implements ProxySocket {
       lastActivity: performance.now(),
       pending: [],
       closed: false,
+      older: undefined,
+      newer: undefined,
     };
     this.wireSession(session);
     listener.sessions.set(key, session);
+    this.order.append(session);
     this.sessionCount++;
     this.stats.udpSessionsActive++;
     this.stats.udpSessionsCreated++;
@@ -177,9 +190,9 @@ export class UdpProxySocket implements ProxySocket {
   }
 
   /**
-   * Connected, so the kernel filters replies to this endpoint and reports its ICMP errors to us.
-   * Sends pass no callback: a failed send is then emitted as 'error' on the socket, which lands in
-   * onSessionError like an ICMP error does, and a datagram costs no callback on the next tick.
+   * Connected, so the kernel filters replies to this endpoint and reports its ICMP errors to us
+   * (as receive errors: 'error' on the socket, to onSessionError). Sends pass no callback, so a
+   * datagram costs no callback on the next tick; dgram then drops a failed send's error silently.
    */
   private wireSession(session: UdpSession): void {
     const { socket, endpoint } = session;
@@ -199,7 +212,10 @@ export class UdpProxySocket implements ProxySocket {
   }
 
   private onEndpointDatagram(session: UdpSession, msg: Buffer): void {
-    session.lastActivity = performance.now();
+    // Ended already (a datagram read in the same batch): it has no client to go to, and a session
+    // out of the order must not be touched.
+    if (session.closed) return;
+    this.markActive(session);
     this.stats.bytesToClient += msg.length;
     session.listener.socket.send(msg, session.clientPort, session.clientAddress);
   }
@@ -228,14 +244,12 @@ export class UdpProxySocket implements ProxySocket {
     }
   }
 
-  /** Past the bound, the least recently active session makes room. A scan, but only on reclaim. */
-  private reclaimOldest(): void {
-    let oldest: UdpSession | undefined;
-    for (const listener of this.listeners.values()) {
-      for (const session of listener.sessions.values()) {
-        if (oldest === undefined || session.lastActivity < oldest.lastActivity) oldest = session;
-      }
-    }
+  /**
+   * Past the bound, the least recently active session makes room. O(1): a resolver that uses a
+   * fresh source port per query lands here on every datagram.
+   */
+  private reclaimLeastRecentlyActive(): void {
+    const oldest = this.order.oldest();
     if (oldest === undefined) return;
     this.stats.udpSessionsReclaimed++;
     const held = this.reclaimWarnings.take();
@@ -249,6 +263,7 @@ export class UdpProxySocket implements ProxySocket {
     if (session.closed) return;
     session.closed = true;
     session.listener.sessions.delete(session.key);
+    this.order.remove(session);
     this.sessionCount--;
     this.stats.udpSessionsActive--;
     closeQuietly(session.socket);
