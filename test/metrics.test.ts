@@ -249,6 +249,8 @@ describe('the userspace proxy\'s own metrics, per service port', () => {
     expect(value(two, 'kube_userspace_proxy_udp_sessions_reclaimed_total', dns)).toBe(1);
     expect(value(two, 'kube_userspace_proxy_udp_sessions_total', dns)).toBe(2);
     expect(value(two, 'kube_userspace_proxy_udp_sessions_active', dns)).toBe(1);
+    expect(value(two, 'kube_userspace_proxy_udp_datagrams_dropped_total', dns)).toBe(0);
+    expect(two).toContain(`kube_userspace_proxy_udp_datagrams_dropped_total{service_port="default/dns:dns",protocol="UDP",scope="all"} 0`);
   });
 
   it('keeps counting across a service port\'s recreation, and drops the series once the Service is gone', async () => {

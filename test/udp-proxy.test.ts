@@ -306,3 +306,21 @@ describe('UdpProxySocket: activity order', () => {
     expect(counter.looks).toBeLessThanOrEqual(2 * N);
   });
 });
+
+describe('UdpProxySocket: what is counted', () => {
+  it('counts the bytes of datagrams sent on, not of those dropped when their session could not connect', async () => {
+    // As above: connect() to the broadcast address fails at once, before anything is sent.
+    const { proxy, port } = await proxyFor(FakeBalancer.of([9], { ip: '255.255.255.255' }));
+    const c = await client();
+    c.send('first', port, LO);
+    await waitUntil(() => proxy.stats.udpDatagrams === 1 && proxy.active() === 0, 'the first session to fail');
+    c.send('second', port, LO);
+    await waitUntil(() => proxy.stats.udpDatagrams === 2 && proxy.active() === 0, 'the second session to fail');
+    expect(proxy.stats).toMatchObject({ bytesToEndpoint: 0, udpDatagramsDropped: 2 });
+
+    const e = await echo();
+    const good = await proxyFor(FakeBalancer.of([e.port]));
+    await udpAsk(c, good.port, LO, 'hello');
+    expect(good.proxy.stats).toMatchObject({ bytesToEndpoint: 5, udpDatagramsDropped: 0 });
+  });
+});

@@ -48,6 +48,13 @@ export const SERVICE_PORT_FAMILIES: readonly Family[] = [
   { name: 'kube_userspace_proxy_udp_sessions_total', help: 'UDP sessions opened', type: 'counter', only: 'UDP', samples: one((t) => t.udpSessionsCreated) },
   { name: 'kube_userspace_proxy_udp_sessions_reclaimed_total', help: 'UDP sessions closed early because the per-port bound (--max-udp-sessions) was reached', type: 'counter', only: 'UDP', samples: one((t) => t.udpSessionsReclaimed) },
   { name: 'kube_userspace_proxy_udp_datagrams_total', help: 'UDP datagrams received from clients', type: 'counter', only: 'UDP', samples: one((t) => t.udpDatagrams) },
+  {
+    name: 'kube_userspace_proxy_udp_datagrams_dropped_total',
+    help: 'UDP datagrams from clients not sent on: the session\'s queue was full while its socket connected, or the session ended first (for want of endpoints: no_endpoints_total)',
+    type: 'counter',
+    only: 'UDP',
+    samples: one((t) => t.udpDatagramsDropped),
+  },
 ];
 
 function escapeLabelValue(v: string): string {

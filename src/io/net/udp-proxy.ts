@@ -145,9 +145,14 @@ export class UdpProxySocket implements ProxySocket {
     const session = listener.sessions.get(key) ?? this.openSession(listener, key, rinfo);
     if (session === undefined) return; // dropped: no endpoints
     this.markActive(session);
-    this.stats.bytesToEndpoint += msg.length;
-    if (session.pending === undefined) session.socket.send(msg);
-    else if (session.pending.length < MAX_PENDING_DATAGRAMS) session.pending.push(msg);
+    if (session.pending === undefined) {
+      session.socket.send(msg);
+      this.stats.bytesToEndpoint += msg.length;
+    } else if (session.pending.length < MAX_PENDING_DATAGRAMS) {
+      session.pending.push(msg);
+    } else {
+      this.stats.udpDatagramsDropped++;
+    }
   }
 
   /** A datagram either way: the session becomes the most recently active. */
@@ -205,9 +210,14 @@ export class UdpProxySocket implements ProxySocket {
         this.onSessionError(session, err);
         return;
       }
+      // Ended meanwhile (reclaimed, its listener closed): the socket is closed and send() would throw.
+      if (session.closed) return;
       const pending = session.pending ?? [];
       session.pending = undefined;
-      for (const msg of pending) socket.send(msg);
+      for (const msg of pending) {
+        socket.send(msg);
+        this.stats.bytesToEndpoint += msg.length;
+      }
     });
   }
 
@@ -264,6 +274,10 @@ export class UdpProxySocket implements ProxySocket {
     session.closed = true;
     session.listener.sessions.delete(session.key);
     this.order.remove(session);
+    if (session.pending !== undefined) {
+      this.stats.udpDatagramsDropped += session.pending.length;
+      session.pending = undefined;
+    }
     this.sessionCount--;
     this.stats.udpSessionsActive--;
     closeQuietly(session.socket);
