@@ -1,3 +1,4 @@
+import { execFile, spawnSync } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
 import type { Socket as UdpSocket } from 'node:dgram';
 import { afterEach, describe, expect, it } from 'vitest';
@@ -322,5 +323,24 @@ describe('UdpProxySocket: what is counted', () => {
     const good = await proxyFor(FakeBalancer.of([e.port]));
     await udpAsk(c, good.port, LO, 'hello');
     expect(good.proxy.stats).toMatchObject({ bytesToEndpoint: 5, udpDatagramsDropped: 0 });
+  });
+
+  // Only a raw socket sends from port 0: root, and python3 to build the datagram.
+  const rawSocketTool = process.getuid?.() === 0 && spawnSync('python3', ['-c', 'import socket'], { stdio: 'ignore' }).status === 0;
+  it.skipIf(!rawSocketTool)('drops a datagram from source port 0, where no reply can go, and keeps serving', async () => {
+    const e = await echo();
+    const { proxy, port } = await proxyFor(FakeBalancer.of([e.port]));
+    const script = [
+      'import socket, struct, sys',
+      'port = int(sys.argv[1])',
+      's = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_UDP)',
+      "s.sendto(struct.pack('!HHHH', 0, port, 12, 0) + b'zero', ('127.0.0.1', 0))",
+    ].join('\n');
+    await new Promise<void>((resolve, reject) => execFile('python3', ['-c', script, String(port)], { timeout: 10_000 }, (err) => (err ? reject(err) : resolve())));
+    await waitUntil(() => proxy.stats.udpDatagrams === 1, 'the datagram from port 0');
+    expect(proxy.stats).toMatchObject({ udpDatagramsDropped: 1, udpSessionsCreated: 0 });
+    // Were it sent on, the endpoint's reply would be sent to port 0: dgram throws, out of a handler.
+    expect((await udpAsk(await client(), port, LO, 'still here')).msg.toString()).toBe('still here');
+    expect(e.sizes).toEqual([10]);
   });
 });

@@ -30,9 +30,9 @@ export class ServicePortStats {
   /** Datagrams received from clients. */
   udpDatagrams = 0;
   /**
-   * Datagrams from clients that were not sent on although an endpoint was picked: their session's
-   * queue was full while its socket connected, or the session ended before it connected. (Those
-   * dropped for want of endpoints are in noEndpointRejects.)
+   * Datagrams from clients that were not sent on for want of a session: their session's queue was
+   * full while its socket connected, the session ended before it connected, or the datagram came
+   * from port 0, where no reply can go. (Those dropped for want of endpoints are in noEndpointRejects.)
    */
   udpDatagramsDropped = 0;
   /** Dial latency histogram: counts per bucket of DIAL_LATENCY_BUCKETS, plus +Inf at the end. */

@@ -50,7 +50,7 @@ export const SERVICE_PORT_FAMILIES: readonly Family[] = [
   { name: 'kube_userspace_proxy_udp_datagrams_total', help: 'UDP datagrams received from clients', type: 'counter', only: 'UDP', samples: one((t) => t.udpDatagrams) },
   {
     name: 'kube_userspace_proxy_udp_datagrams_dropped_total',
-    help: 'UDP datagrams from clients not sent on: the session\'s queue was full while its socket connected, or the session ended first (for want of endpoints: no_endpoints_total)',
+    help: 'UDP datagrams from clients not sent on: the session\'s queue was full while its socket connected, the session ended first, or the client\'s port was 0 (for want of endpoints: no_endpoints_total)',
     type: 'counter',
     only: 'UDP',
     samples: one((t) => t.udpDatagramsDropped),

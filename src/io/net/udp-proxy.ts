@@ -141,6 +141,13 @@ export class UdpProxySocket implements ProxySocket {
 
   private onClientDatagram(listener: UdpListener, msg: Buffer, rinfo: RemoteInfo): void {
     this.stats.udpDatagrams++;
+    // UDP allows source port 0 ("no reply expected"), and anyone can forge it. No reply can go
+    // there: dgram's send() throws on port 0, which out of the endpoint's 'message' handler would
+    // end the process.
+    if (rinfo.port === 0) {
+      this.stats.udpDatagramsDropped++;
+      return;
+    }
     const key = clientKey(rinfo.address, rinfo.port);
     const session = listener.sessions.get(key) ?? this.openSession(listener, key, rinfo);
     if (session === undefined) return; // dropped: no endpoints
