@@ -343,4 +343,14 @@ describe('UdpProxySocket: what is counted', () => {
     expect((await udpAsk(await client(), port, LO, 'still here')).msg.toString()).toBe('still here');
     expect(e.sizes).toEqual([10]);
   });
+
+  it('logs a flood of listener errors once, not once each', async () => {
+    const { proxy, records } = await proxyFor(new FakeBalancer([]));
+    const [listener] = [...internals(proxy).listeners.values()];
+    // As a receive error on every datagram of a flood would come.
+    for (let i = 0; i < 50; i++) listener?.socket.emit('error', Object.assign(new Error('recvmsg ENOBUFS'), { code: 'ENOBUFS' }));
+    const logged = records.filter((r) => r.msg === 'listener error');
+    expect(logged).toHaveLength(1);
+    expect(logged[0]).toMatchObject({ suppressed: 0, err: { code: 'ENOBUFS' } });
+  });
 });

@@ -53,6 +53,7 @@ export class UdpProxySocket implements ProxySocket {
   private drainWaiters: (() => void)[] = [];
   private readonly reclaimWarnings = new RateLimiter(1000);
   private readonly fdWarnings = new RateLimiter(1000);
+  private readonly listenerErrors = new RateLimiter(1000);
 
   constructor(opts: UdpProxySocketOptions) {
     this.stats = opts.stats ?? new ServicePortStats();
@@ -86,7 +87,7 @@ export class UdpProxySocket implements ProxySocket {
         const bound = { host: info.address, port: info.port };
         const listener: UdpListener = { socket, bound, sessions: new Map(), refused: new Set() };
         socket.on('message', (msg, rinfo) => this.onClientDatagram(listener, msg, rinfo));
-        socket.on('error', (err) => this.log.error({ err, address: listenKey(bound) }, 'listener error'));
+        socket.on('error', (err) => this.onListenerError(bound, err));
         this.listeners.set(listenKey(bound), listener);
         resolve(bound);
       });
@@ -290,6 +291,15 @@ export class UdpProxySocket implements ProxySocket {
     closeQuietly(session.socket);
     this.balancer.release(session.endpoint);
     if (this.sessionCount === 0) this.notifyDrained();
+  }
+
+  /**
+   * Receive errors on the listener socket. Rate-limited: one per datagram is possible, and at
+   * error level each would otherwise cost a log line.
+   */
+  private onListenerError(bound: BoundAddress, err: Error): void {
+    const held = this.listenerErrors.take();
+    if (held !== undefined) this.log.error({ err, address: listenKey(bound), suppressed: held }, 'listener error');
   }
 
   private notifyDrained(): void {
