@@ -12,6 +12,7 @@ import { DirectDialer } from './io/net/direct-dialer.js';
 import type { ProxySocket } from './io/net/proxy-socket.js';
 import { TcpProxySocket } from './io/net/tcp-proxy.js';
 import { UdpProxySocket } from './io/net/udp-proxy.js';
+import { UdpReceiveBuffers } from './io/net/udp-receive-buffers.js';
 import type { Portal } from './io/portal/portal.js';
 import type { Logger } from './log.js';
 import { Proxier, hostPort, type ProxySocketFactory } from './proxier.js';
@@ -34,12 +35,12 @@ export interface RunningProxy {
   stop(graceMs?: number): Promise<{ cut: number }>;
 }
 
-function socketFactory(config: ProxyConfig, logger: Logger): ProxySocketFactory {
+function socketFactory(config: ProxyConfig, logger: Logger, receiveBuffers: UdpReceiveBuffers): ProxySocketFactory {
   const dialer = new DirectDialer();
   return (unit, balancer, stats): ProxySocket => {
     // The sockets bind their own {component, service} child logger, and only when they first log.
     if (unit.protocol === 'UDP') {
-      return new UdpProxySocket({ name: unit.id, balancer, logger, stats, idleTimeoutMs: config.udpIdleTimeoutMs, maxSessions: config.maxUdpSessions });
+      return new UdpProxySocket({ name: unit.id, balancer, logger, stats, idleTimeoutMs: config.udpIdleTimeoutMs, maxSessions: config.maxUdpSessions, receiveBuffers });
     }
     return new TcpProxySocket({ name: unit.id, balancer, dialer, logger, stats });
   };
@@ -50,11 +51,13 @@ export async function startProxy(config: ProxyConfig, logger: Logger): Promise<R
   const portal = createPortal(config, logger);
   // As kube-proxy's GetHostname: trimmed and lower-cased, to match the Node's name.
   const nodeName = (config.hostnameOverride ?? hostname()).trim().toLowerCase();
+  // Sizes every UDP listener's receive buffer; metrics read its drop counts at scrape time.
+  const receiveBuffers = new UdpReceiveBuffers({ logger });
   const proxier = new Proxier({
     portal,
     logger,
     balancerFactory: roundRobinFactory,
-    socketFactory: socketFactory(config, logger),
+    socketFactory: socketFactory(config, logger, receiveBuffers),
     portAllocator: new PortAllocator(config.proxyPortRange, Math.random),
     clock: systemClock,
     random: Math.random,
@@ -70,7 +73,7 @@ export async function startProxy(config: ProxyConfig, logger: Logger): Promise<R
   await portal.start();
   const admin = new HttpServer(logger.child({ component: 'admin' }));
   admin.route('/services', (_req, res) => sendJson(res, 200, { version: VERSION, portal: portal.mode, node: proxier.node.name, services: proxier.status() }));
-  const metrics = attachMetrics(admin, proxier);
+  const metrics = attachMetrics(admin, proxier, { kernelCounters: receiveBuffers });
   // Health and metrics see every change on its way into the proxier, as kube-proxy's trackers do.
   const sink = observeSink(metrics.wrapSink(proxier.sink), metrics, followProxier(health, proxier));
   const serviceHealth = new ServiceHealthServer({ hosts: healthCheckHosts(config.portal, config.nodePortAddresses, systemNodeAddresses), logger, proxyHealthy: () => health.isHealthy() });

@@ -35,6 +35,11 @@ export class ServicePortStats {
    * from port 0, where no reply can go. (Those dropped for want of endpoints are in noEndpointRejects.)
    */
   udpDatagramsDropped = 0;
+  /**
+   * Datagrams the kernel dropped because a listener's receive buffer was full: never seen by the
+   * proxy, so read from the kernel at scrape time (udp-receive-buffers.ts), not bumped per datagram.
+   */
+  udpReceiveBufferDrops = 0;
   /** Dial latency histogram: counts per bucket of DIAL_LATENCY_BUCKETS, plus +Inf at the end. */
   readonly dialLatencyCounts = new Float64Array(DIAL_LATENCY_BUCKETS.length + 1);
   dialLatencySum = 0;

@@ -55,6 +55,13 @@ export const SERVICE_PORT_FAMILIES: readonly Family[] = [
     only: 'UDP',
     samples: one((t) => t.udpDatagramsDropped),
   },
+  {
+    name: 'kube_userspace_proxy_udp_receive_buffer_drops_total',
+    help: 'UDP datagrams the kernel dropped because a listener\'s receive buffer was full (the drops column of /proc/net/udp, read at scrape time)',
+    type: 'counter',
+    only: 'UDP',
+    samples: one((t) => t.udpReceiveBufferDrops),
+  },
 ];
 
 function escapeLabelValue(v: string): string {

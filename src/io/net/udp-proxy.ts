@@ -9,6 +9,7 @@ import { isOutOfDescriptors } from './errno.js';
 import { listenKey } from './listen-key.js';
 import type { BoundAddress, ListenAddress, ProxySocket } from './proxy-socket.js';
 import { RateLimiter } from './rate-limiter.js';
+import { UdpReceiveBuffers } from './udp-receive-buffers.js';
 import { clientKey, type UdpListener, type UdpSession } from './udp-session.js';
 import { SessionOrder } from './udp-session-order.js';
 
@@ -26,6 +27,11 @@ export interface UdpProxySocketOptions {
   stats?: ServicePortStats;
   idleTimeoutMs?: number;
   maxSessions?: number;
+  /**
+   * Sizes the listeners' receive buffers and counts their drops; share one per process with
+   * metrics, which refresh it at scrape time. Default: one of its own, which no one reads.
+   */
+  receiveBuffers?: UdpReceiveBuffers;
 }
 
 /**
@@ -49,6 +55,7 @@ export class UdpProxySocket implements ProxySocket {
   private readonly maxSessions: number;
   private readonly listeners = new Map<string, UdpListener>();
   private readonly order = new SessionOrder();
+  private readonly receiveBuffers: UdpReceiveBuffers;
   private sessionCount = 0;
   private drainWaiters: (() => void)[] = [];
   private readonly reclaimWarnings = new RateLimiter(1000);
@@ -62,6 +69,7 @@ export class UdpProxySocket implements ProxySocket {
     this.name = opts.name;
     this.idleTimeoutMs = opts.idleTimeoutMs ?? DEFAULT_UDP_IDLE_TIMEOUT_MS;
     this.maxSessions = Math.max(1, opts.maxSessions ?? DEFAULT_UDP_MAX_SESSIONS);
+    this.receiveBuffers = opts.receiveBuffers ?? new UdpReceiveBuffers({ logger: opts.logger });
   }
 
   /** Made on first use, as in TcpProxySocket: most service ports never log. */
@@ -88,6 +96,7 @@ export class UdpProxySocket implements ProxySocket {
         const listener: UdpListener = { socket, bound, sessions: new Map(), refused: new Set() };
         socket.on('message', (msg, rinfo) => this.onClientDatagram(listener, msg, rinfo));
         socket.on('error', (err) => this.onListenerError(bound, err));
+        this.receiveBuffers.watch(socket, bound, this.stats);
         this.listeners.set(listenKey(bound), listener);
         resolve(bound);
       });
@@ -108,6 +117,7 @@ export class UdpProxySocket implements ProxySocket {
     if (!listener) return; // already gone is not a failure
     this.listeners.delete(key);
     for (const session of listener.sessions.values()) this.endSession(session);
+    this.receiveBuffers.unwatch(listener.socket);
     closeQuietly(listener.socket);
   }
 
