@@ -16,6 +16,7 @@ import { ServiceHealthServer, healthCheckHosts } from './io/http/service-health.
 import { DirectDialer } from './io/net/direct-dialer.js';
 import { TcpProxySocket } from './io/net/tcp-proxy.js';
 import { UdpProxySocket } from './io/net/udp-proxy.js';
+import { UdpReceiveBuffers } from './io/net/udp-receive-buffers.js';
 import { systemNodeAddresses } from './io/portal/node-addresses.js';
 import type { Logger } from './log.js';
 import { Proxier } from './proxier/proxier.js';
@@ -40,12 +41,12 @@ export interface RunningProxy {
   stop(graceMs?: number): Promise<{ cut: number }>;
 }
 
-function socketFactory(config: ProxyConfig, logger: Logger): ProxySocketFactory {
+function socketFactory(config: ProxyConfig, logger: Logger, receiveBuffers: UdpReceiveBuffers): ProxySocketFactory {
   const dialer = new DirectDialer();
   return (unit, balancer, stats): ProxySocket => {
     // The sockets bind their own {component, service} child logger, and only when they first log.
     if (unit.protocol === 'UDP') {
-      return new UdpProxySocket({ name: unit.id, balancer, logger, stats, idleTimeoutMs: config.udpIdleTimeoutMs, maxSessions: config.maxUdpSessions });
+      return new UdpProxySocket({ name: unit.id, balancer, logger, stats, idleTimeoutMs: config.udpIdleTimeoutMs, maxSessions: config.maxUdpSessions, receiveBuffers });
     }
     return new TcpProxySocket({ name: unit.id, balancer, dialer, logger, stats });
   };
@@ -93,10 +94,12 @@ async function start(config: ProxyConfig, logger: Logger, started: Started): Pro
   const portal = createPortal(config, logger);
   // As kube-proxy's GetHostname: trimmed and lower-cased, to match the Node's name.
   const nodeName = (config.hostnameOverride ?? hostname()).trim().toLowerCase();
+  // Sizes every UDP listener's receive buffer; metrics read its drop counts at scrape time.
+  const receiveBuffers = new UdpReceiveBuffers({ logger });
   const units = new LocalUnitSet({
     logger,
     balancerFactory: roundRobinFactory,
-    socketFactory: socketFactory(config, logger),
+    socketFactory: socketFactory(config, logger, receiveBuffers),
     portAllocator: new PortAllocator(config.proxyPortRange, Math.random),
     clock: systemClock,
     random: Math.random,
@@ -122,7 +125,7 @@ async function start(config: ProxyConfig, logger: Logger, started: Started): Pro
   followProxier(health, proxier);
   const admin = new HttpServer(logger.child({ component: 'admin' }));
   admin.route('/services', (_req, res) => sendJson(res, 200, { version: VERSION, portal: portal.mode, node: proxier.node.name, services: proxier.status() }));
-  const metrics = attachMetrics(admin, { events: proxier, stats: () => units.stats() });
+  const metrics = attachMetrics(admin, { events: proxier, stats: () => units.stats() }, { kernelCounters: receiveBuffers });
   const serviceHealth = new ServiceHealthServer({ hosts: healthCheckHosts(config.portal, config.nodePortAddresses, systemNodeAddresses), logger, proxyHealthy: () => health.isHealthy() });
   started.add(() => serviceHealth.close());
   proxier.onSync((e) => void serviceHealth.sync(e.serviceHealth));

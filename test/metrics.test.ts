@@ -14,6 +14,7 @@ import { attachMetrics, type ProxyMetrics } from '../src/io/http/metrics.js';
 import { DirectDialer } from '../src/io/net/direct-dialer.js';
 import { TcpProxySocket } from '../src/io/net/tcp-proxy.js';
 import { UdpProxySocket } from '../src/io/net/udp-proxy.js';
+import { LISTENER_RECV_BUFFER_BYTES, UdpReceiveBuffers } from '../src/io/net/udp-receive-buffers.js';
 import { LoopbackPortal } from '../src/io/portal/loopback-portal.js';
 import { silentLogger } from '../src/log.js';
 import type { StateSink } from '../src/seams/state-sink.js';
@@ -46,6 +47,7 @@ let port: number;
 let backend: TcpBackend;
 let udpBackend: Awaited<ReturnType<typeof udpEcho>>;
 const clients: UdpSocket[] = [];
+const receiveBuffers = new UdpReceiveBuffers({ logger });
 
 // Loopback portal: ClusterIP 10.96.50.x is served on 127.96.50.x.
 const WEB = '127.96.50.1';
@@ -123,7 +125,7 @@ beforeAll(async () => {
     balancerFactory: roundRobinFactory,
     socketFactory: (unit, balancer, stats) =>
       unit.protocol === 'UDP'
-        ? new UdpProxySocket({ name: unit.id, balancer, logger, stats, idleTimeoutMs: 60_000, maxSessions: 1 })
+        ? new UdpProxySocket({ name: unit.id, balancer, logger, stats, idleTimeoutMs: 60_000, maxSessions: 1, receiveBuffers })
         : new TcpProxySocket({ name: unit.id, balancer, dialer, logger, stats, dialTimeoutsMs: [1000, 1000] }),
     portAllocator: new PortAllocator(undefined, Math.random),
     clock: systemClock,
@@ -135,7 +137,7 @@ beforeAll(async () => {
     bindAddress: '127.0.0.1',
   }));
   admin = new HttpServer(logger);
-  metrics = attachMetrics(admin, { events: proxier, stats: () => units.stats() }, { wallNow: () => wall });
+  metrics = attachMetrics(admin, { events: proxier, stats: () => units.stats() }, { wallNow: () => wall, kernelCounters: receiveBuffers });
   sink = proxier.sink;
   const bound = await admin.listen('127.0.0.1', 0);
   base = `http://127.0.0.1:${bound.port}`;
@@ -272,6 +274,23 @@ describe('the userspace proxy\'s own metrics, per service port', () => {
     expect(value(two, 'kube_userspace_proxy_udp_sessions_reclaimed_total', dns)).toBe(1);
     expect(value(two, 'kube_userspace_proxy_udp_sessions_total', dns)).toBe(2);
     expect(value(two, 'kube_userspace_proxy_udp_sessions_active', dns)).toBe(1);
+    expect(value(two, 'kube_userspace_proxy_udp_datagrams_dropped_total', dns)).toBe(0);
+    expect(two).toContain(`kube_userspace_proxy_udp_datagrams_dropped_total{service_port="default/dns:dns",protocol="UDP",scope="all"} 0`);
+  });
+
+  it('UDP: datagrams the kernel dropped from the listener\'s full receive buffer, read at scrape time', async () => {
+    expect(value(await scrape(), 'kube_userspace_proxy_udp_receive_buffer_drops_total', dns)).toBe(0);
+    const c = await boundUdp('127.0.0.1');
+    clients.push(c);
+    await new Promise<void>((resolve) => c.connect(port, DNS, () => resolve()));
+    // Sent before the event loop can read any: more than the listener's buffer can hold (Linux
+    // grants at most twice what is asked).
+    const payload = Buffer.alloc(60_000);
+    const count = Math.ceil((3 * LISTENER_RECV_BUFFER_BYTES) / payload.length);
+    for (let i = 0; i < count; i++) c.send(payload);
+    const drops = value(await scrape(), 'kube_userspace_proxy_udp_receive_buffer_drops_total', dns);
+    expect(drops).toBeGreaterThan(0);
+    expect(drops).toBeLessThan(count);
   });
 
   it('keeps counting across a service port\'s recreation, and drops the series once the Service is gone', async () => {

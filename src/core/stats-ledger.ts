@@ -29,6 +29,7 @@ export class Totals extends ServicePortStats {
     for (const r of DIAL_FAILURE_REASONS) this.dialFailures[r] = 0;
     this.noEndpointRejects = this.dialExhausted = 0;
     this.udpSessionsActive = this.udpSessionsCreated = this.udpSessionsReclaimed = this.udpDatagrams = 0;
+    this.udpDatagramsDropped = this.udpReceiveBufferDrops = 0;
     this.dialLatencyCounts.fill(0);
     this.dialLatencySum = this.dialLatencyCount = 0;
     return this;
@@ -47,6 +48,8 @@ export class Totals extends ServicePortStats {
     this.udpSessionsCreated += s.udpSessionsCreated;
     this.udpSessionsReclaimed += s.udpSessionsReclaimed;
     this.udpDatagrams += s.udpDatagrams;
+    this.udpDatagramsDropped += s.udpDatagramsDropped;
+    this.udpReceiveBufferDrops += s.udpReceiveBufferDrops;
     for (let i = 0; i < this.dialLatencyCounts.length; i++) this.dialLatencyCounts[i] = (this.dialLatencyCounts[i] as number) + (s.dialLatencyCounts[i] ?? 0);
     this.dialLatencySum += s.dialLatencySum;
     this.dialLatencyCount += s.dialLatencyCount;

@@ -13,7 +13,7 @@ export class ServicePortStats {
   accepted = 0;
   /** TCP connections open now (client side accepted, not yet both released). */
   active = 0;
-  /** Bytes copied client -> endpoint (TCP and UDP). */
+  /** Bytes copied client -> endpoint (TCP and UDP; UDP counts a datagram when it is handed to the endpoint's socket). */
   bytesToEndpoint = 0;
   /** Bytes copied endpoint -> client (TCP and UDP). */
   bytesToClient = 0;
@@ -29,6 +29,17 @@ export class ServicePortStats {
   udpSessionsReclaimed = 0;
   /** Datagrams received from clients. */
   udpDatagrams = 0;
+  /**
+   * Datagrams from clients that were not sent on for want of a session: their session's queue was
+   * full while its socket connected, the session ended before it connected, or the datagram came
+   * from port 0, where no reply can go. (Those dropped for want of endpoints are in noEndpointRejects.)
+   */
+  udpDatagramsDropped = 0;
+  /**
+   * Datagrams the kernel dropped because a listener's receive buffer was full: never seen by the
+   * proxy, so read from the kernel at scrape time (udp-receive-buffers.ts), not bumped per datagram.
+   */
+  udpReceiveBufferDrops = 0;
   /** Dial latency histogram: counts per bucket of DIAL_LATENCY_BUCKETS, plus +Inf at the end. */
   readonly dialLatencyCounts = new Float64Array(DIAL_LATENCY_BUCKETS.length + 1);
   dialLatencySum = 0;

@@ -36,6 +36,8 @@ export interface MetricsOptions {
   wallNow?: () => number;
   /** Node's process_* and nodejs_* metrics (default true). */
   processMetrics?: boolean;
+  /** Counters kept by the kernel (UDP receive-buffer drops), brought up to date before each reading. */
+  kernelCounters?: { refresh(): Promise<void> };
 }
 
 /** Upstream's buckets for network programming latency: 0, 0.25 s, 0.5 s, 1-59 s, 60-115 s by 5, 2-5 min by 30 s. */
@@ -46,6 +48,7 @@ export class ProxyMetrics implements ProbeObserver {
   private readonly clock: Clock;
   private readonly wallNow: () => number;
   private readonly ledger = new StatsLedger();
+  private readonly kernelCounters: MetricsOptions['kernelCounters'];
   private reading: Reading | undefined;
   private running = 0;
   /** Network programming latency: which slice changes are new, and when a sync applied them. */
@@ -67,6 +70,7 @@ export class ProxyMetrics implements ProbeObserver {
   ) {
     this.clock = opts.clock ?? systemClock;
     this.wallNow = opts.wallNow ?? Date.now;
+    this.kernelCounters = opts.kernelCounters;
     this.latency = new ProgrammingLatencyTracker({
       clock: this.clock,
       wallNow: this.wallNow,
@@ -93,6 +97,7 @@ export class ProxyMetrics implements ProbeObserver {
 
   /** Takes one reading of every service port's counters and renders the registry. */
   async render(): Promise<string> {
+    await this.kernelCounters?.refresh();
     const live = this.sources.stats();
     this.running = live.length;
     this.reading = this.ledger.read(live.map(({ unit, stats }) => ({ labels: { servicePort: unit.servicePort, protocol: unit.protocol, scope: unit.scope }, stats })));

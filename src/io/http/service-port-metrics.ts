@@ -49,6 +49,20 @@ export const SERVICE_PORT_FAMILIES: readonly Family[] = [
   { name: 'kube_userspace_proxy_udp_sessions_total', help: 'UDP sessions opened', type: 'counter', only: 'UDP', samples: one((t) => t.udpSessionsCreated) },
   { name: 'kube_userspace_proxy_udp_sessions_reclaimed_total', help: 'UDP sessions closed early because the per-port bound (--max-udp-sessions) was reached', type: 'counter', only: 'UDP', samples: one((t) => t.udpSessionsReclaimed) },
   { name: 'kube_userspace_proxy_udp_datagrams_total', help: 'UDP datagrams received from clients', type: 'counter', only: 'UDP', samples: one((t) => t.udpDatagrams) },
+  {
+    name: 'kube_userspace_proxy_udp_datagrams_dropped_total',
+    help: 'UDP datagrams from clients not sent on: the session\'s queue was full while its socket connected, the session ended first, or the client\'s port was 0 (for want of endpoints: no_endpoints_total)',
+    type: 'counter',
+    only: 'UDP',
+    samples: one((t) => t.udpDatagramsDropped),
+  },
+  {
+    name: 'kube_userspace_proxy_udp_receive_buffer_drops_total',
+    help: 'UDP datagrams the kernel dropped because a listener\'s receive buffer was full (the drops column of /proc/net/udp, read at scrape time)',
+    type: 'counter',
+    only: 'UDP',
+    samples: one((t) => t.udpReceiveBufferDrops),
+  },
 ];
 
 function escapeLabelValue(v: string): string {

@@ -10,7 +10,9 @@ import { hostPort } from '../../core/address.js';
 import type { BoundAddress, ListenAddress, ProxySocket } from '../../seams/proxy-socket.js';
 import { systemClock } from '../../core/clock.js';
 import { RateLimiter } from '../../core/rate-limiter.js';
+import { UdpReceiveBuffers } from './udp-receive-buffers.js';
 import { clientKey, type UdpListener, type UdpSession } from './udp-session.js';
+import { SessionOrder } from './udp-session-order.js';
 
 /** kube-proxy's --udp-timeout default. */
 export const DEFAULT_UDP_IDLE_TIMEOUT_MS = 250;
@@ -26,13 +28,19 @@ export interface UdpProxySocketOptions {
   stats?: ServicePortStats;
   idleTimeoutMs?: number;
   maxSessions?: number;
+  /**
+   * Sizes the listeners' receive buffers and counts their drops; share one per process with
+   * metrics, which refresh it at scrape time. Default: one of its own, which no one reads.
+   */
+  receiveBuffers?: UdpReceiveBuffers;
 }
 
 /**
  * A proxied UDP service port (upstream udpProxySocket). Each client address gets a session: its
  * own connected socket to one endpoint, so the endpoint's replies can be told apart per client and
  * ICMP errors reach us. Replies go back from the listener socket, i.e. from the service's address.
- * Sessions idle out through sweep(), called from the proxier's one coarse timer.
+ * Sessions idle out through sweep(), called from the proxier's one coarse timer. They are kept in
+ * order of activity (SessionOrder), so neither the sweep nor a reclaim at maxSessions scans them.
  *
  * Node reads every datagram into a 64 KiB buffer, so datagrams up to 65507 bytes pass intact (the
  * Go proxy read into 4 KiB and truncated).
@@ -47,10 +55,13 @@ export class UdpProxySocket implements ProxySocket {
   private readonly idleTimeoutMs: number;
   private readonly maxSessions: number;
   private readonly listeners = new Map<string, UdpListener>();
+  private readonly order = new SessionOrder();
+  private readonly receiveBuffers: UdpReceiveBuffers;
   private sessionCount = 0;
   private drainWaiters: (() => void)[] = [];
   private readonly reclaimWarnings = new RateLimiter(1000, systemClock.now);
   private readonly fdWarnings = new RateLimiter(1000, systemClock.now);
+  private readonly listenerErrors = new RateLimiter(1000, systemClock.now);
 
   constructor(opts: UdpProxySocketOptions) {
     this.stats = opts.stats ?? new ServicePortStats();
@@ -59,6 +70,7 @@ export class UdpProxySocket implements ProxySocket {
     this.name = opts.name;
     this.idleTimeoutMs = opts.idleTimeoutMs ?? DEFAULT_UDP_IDLE_TIMEOUT_MS;
     this.maxSessions = Math.max(1, opts.maxSessions ?? DEFAULT_UDP_MAX_SESSIONS);
+    this.receiveBuffers = opts.receiveBuffers ?? new UdpReceiveBuffers({ logger: opts.logger });
   }
 
   /** Made on first use, as in TcpProxySocket: most service ports never log. */
@@ -84,7 +96,8 @@ export class UdpProxySocket implements ProxySocket {
         const bound = { host: info.address, port: info.port };
         const listener: UdpListener = { socket, bound, sessions: new Map(), refused: new Set() };
         socket.on('message', (msg, rinfo) => this.onClientDatagram(listener, msg, rinfo));
-        socket.on('error', (err) => this.log.error({ err, address: hostPort(bound) }, 'listener error'));
+        socket.on('error', (err) => this.onListenerError(bound, err));
+        this.receiveBuffers.watch(socket, bound, this.stats);
         this.listeners.set(hostPort(bound), listener);
         resolve(bound);
       });
@@ -105,6 +118,7 @@ export class UdpProxySocket implements ProxySocket {
     if (!listener) return; // already gone is not a failure
     this.listeners.delete(key);
     for (const session of listener.sessions.values()) this.endSession(session);
+    this.receiveBuffers.unwatch(listener.socket);
     closeQuietly(listener.socket);
   }
 
@@ -127,24 +141,43 @@ export class UdpProxySocket implements ProxySocket {
     }
   }
 
-  /** End sessions idle for idleTimeoutMs or longer. `nowMs` is performance.now() time. */
+  /**
+   * End sessions idle for idleTimeoutMs or longer. `nowMs` is performance.now() time. From the
+   * least recently active on, up to the first that is not idle: no session behind it can be.
+   */
   sweep(nowMs: number): void {
-    for (const listener of this.listeners.values()) {
-      for (const session of listener.sessions.values()) {
-        if (nowMs - session.lastActivity >= this.idleTimeoutMs) this.endSession(session);
-      }
+    for (let s = this.order.oldest(); s !== undefined && nowMs - s.lastActivity >= this.idleTimeoutMs; s = this.order.oldest()) {
+      this.endSession(s);
     }
   }
 
   private onClientDatagram(listener: UdpListener, msg: Buffer, rinfo: RemoteInfo): void {
     this.stats.udpDatagrams++;
+    // UDP allows source port 0 ("no reply expected"), and anyone can forge it. No reply can go
+    // there: dgram's send() throws on port 0, which out of the endpoint's 'message' handler would
+    // end the process.
+    if (rinfo.port === 0) {
+      this.stats.udpDatagramsDropped++;
+      return;
+    }
     const key = clientKey(rinfo.address, rinfo.port);
     const session = listener.sessions.get(key) ?? this.openSession(listener, key, rinfo);
     if (session === undefined) return; // dropped: no endpoints
+    this.markActive(session);
+    if (session.pending === undefined) {
+      session.socket.send(msg);
+      this.stats.bytesToEndpoint += msg.length;
+    } else if (session.pending.length < MAX_PENDING_DATAGRAMS) {
+      session.pending.push(msg);
+    } else {
+      this.stats.udpDatagramsDropped++;
+    }
+  }
+
+  /** A datagram either way: the session becomes the most recently active. */
+  private markActive(session: UdpSession): void {
     session.lastActivity = performance.now();
-    this.stats.bytesToEndpoint += msg.length;
-    if (session.pending === undefined) session.socket.send(msg);
-    else if (session.pending.length < MAX_PENDING_DATAGRAMS) session.pending.push(msg);
+    this.order.touch(session);
   }
 
   private openSession(listener: UdpListener, key: string, rinfo: RemoteInfo): UdpSession | undefined {
@@ -155,7 +188,7 @@ export class UdpProxySocket implements ProxySocket {
       if (this.debugEnabled()) this.log.debug({ client: rinfo.address }, 'no endpoints: datagram dropped');
       return undefined;
     }
-    if (this.sessionCount >= this.maxSessions) this.reclaimOldest();
+    if (this.sessionCount >= this.maxSessions) this.reclaimLeastRecentlyActive();
     const socket = createSocket({ type: isIPv6(endpoint.ip) ? 'udp6' : 'udp4' });
     const session: UdpSession = {
       key,
@@ -167,9 +200,12 @@ export class UdpProxySocket implements ProxySocket {
       lastActivity: performance.now(),
       pending: [],
       closed: false,
+      older: undefined,
+      newer: undefined,
     };
     this.wireSession(session);
     listener.sessions.set(key, session);
+    this.order.append(session);
     this.sessionCount++;
     this.stats.udpSessionsActive++;
     this.stats.udpSessionsCreated++;
@@ -178,9 +214,9 @@ export class UdpProxySocket implements ProxySocket {
   }
 
   /**
-   * Connected, so the kernel filters replies to this endpoint and reports its ICMP errors to us.
-   * Sends pass no callback: a failed send is then emitted as 'error' on the socket, which lands in
-   * onSessionError like an ICMP error does, and a datagram costs no callback on the next tick.
+   * Connected, so the kernel filters replies to this endpoint and reports its ICMP errors to us
+   * (as receive errors: 'error' on the socket, to onSessionError). Sends pass no callback, so a
+   * datagram costs no callback on the next tick; dgram then drops a failed send's error silently.
    */
   private wireSession(session: UdpSession): void {
     const { socket, endpoint } = session;
@@ -193,14 +229,22 @@ export class UdpProxySocket implements ProxySocket {
         this.onSessionError(session, err);
         return;
       }
+      // Ended meanwhile (reclaimed, its listener closed): the socket is closed and send() would throw.
+      if (session.closed) return;
       const pending = session.pending ?? [];
       session.pending = undefined;
-      for (const msg of pending) socket.send(msg);
+      for (const msg of pending) {
+        socket.send(msg);
+        this.stats.bytesToEndpoint += msg.length;
+      }
     });
   }
 
   private onEndpointDatagram(session: UdpSession, msg: Buffer): void {
-    session.lastActivity = performance.now();
+    // Ended already (a datagram read in the same batch): it has no client to go to, and a session
+    // out of the order must not be touched.
+    if (session.closed) return;
+    this.markActive(session);
     this.stats.bytesToClient += msg.length;
     session.listener.socket.send(msg, session.clientPort, session.clientAddress);
   }
@@ -229,14 +273,12 @@ export class UdpProxySocket implements ProxySocket {
     }
   }
 
-  /** Past the bound, the least recently active session makes room. A scan, but only on reclaim. */
-  private reclaimOldest(): void {
-    let oldest: UdpSession | undefined;
-    for (const listener of this.listeners.values()) {
-      for (const session of listener.sessions.values()) {
-        if (oldest === undefined || session.lastActivity < oldest.lastActivity) oldest = session;
-      }
-    }
+  /**
+   * Past the bound, the least recently active session makes room. O(1): a resolver that uses a
+   * fresh source port per query lands here on every datagram.
+   */
+  private reclaimLeastRecentlyActive(): void {
+    const oldest = this.order.oldest();
     if (oldest === undefined) return;
     this.stats.udpSessionsReclaimed++;
     const held = this.reclaimWarnings.take();
@@ -250,11 +292,25 @@ export class UdpProxySocket implements ProxySocket {
     if (session.closed) return;
     session.closed = true;
     session.listener.sessions.delete(session.key);
+    this.order.remove(session);
+    if (session.pending !== undefined) {
+      this.stats.udpDatagramsDropped += session.pending.length;
+      session.pending = undefined;
+    }
     this.sessionCount--;
     this.stats.udpSessionsActive--;
     closeQuietly(session.socket);
     this.balancer.release(session.endpoint);
     if (this.sessionCount === 0) this.notifyDrained();
+  }
+
+  /**
+   * Receive errors on the listener socket. Rate-limited: one per datagram is possible, and at
+   * error level each would otherwise cost a log line.
+   */
+  private onListenerError(bound: BoundAddress, err: Error): void {
+    const held = this.listenerErrors.take();
+    if (held !== undefined) this.log.error({ err, address: hostPort(bound), suppressed: held }, 'listener error');
   }
 
   private notifyDrained(): void {

@@ -28,6 +28,9 @@ export interface UdpSession {
   /** Datagrams that came before the socket finished connecting; undefined once connected. */
   pending: Buffer[] | undefined;
   closed: boolean;
+  /** Neighbours in the proxy's SessionOrder (udp-session-order.ts); undefined at either end. */
+  older: UdpSession | undefined;
+  newer: UdpSession | undefined;
 }
 
 export function clientKey(address: string, port: number): string {
