@@ -359,3 +359,45 @@ describe('changes that alter nothing', () => {
     await proxier.shutdown(0);
   });
 });
+
+describe('the fast lane', () => {
+  it('moves endpoints at once, whatever the minimum sync period, and leaves sockets and portal to the runner', async () => {
+    const portal = new RecordingPortal();
+    const { proxier } = makeProxier({
+      portal,
+      logger: silentLogger(),
+      balancerFactory: roundRobinFactory,
+      socketFactory: () => fakeSocket(),
+      portAllocator: new PortAllocator(undefined, () => 0.5),
+      clock: { now: () => performance.now() },
+      random: () => 0.5,
+      node: { name: 'node-a' },
+      minSyncPeriodMs: 3_600_000, // an hour: nothing but the fast lane can apply a change in this test
+      syncPeriodMs: 3_600_000,
+      sweepIntervalMs: 1000,
+      bindAddress: '0.0.0.0',
+    });
+    proxier.sink.upsertService(web('1'));
+    proxier.sink.upsertEndpointSlice(slice(['10.0.0.1'], '1'));
+    await proxier.setSynced();
+    expect(portal.syncs).toHaveLength(1);
+    const programmed: number[] = [];
+    proxier.onSync((e) => programmed.push(e.summary.updated));
+
+    proxier.sink.upsertEndpointSlice(slice(['10.0.0.2', '10.0.0.3'], '2'));
+    await waitUntil(() => proxier.status()[0]?.endpoints.length === 2, 'the endpoint move');
+    expect(proxier.status()[0]?.endpoints).toEqual(['10.0.0.2:8080', '10.0.0.3:8080']);
+    expect(programmed).toEqual([1]); // one SyncEvent: what network programming latency is measured on
+    expect(portal.syncs).toHaveLength(1); // the portal was not touched
+
+    // A port change needs a new socket: that waits for the runner (an hour here), endpoints or not.
+    proxier.sink.upsertService(service({ name: 'web', clusterIP: '10.96.0.10', ports: [{ name: 'http', port: 81 }], resourceVersion: '3' }));
+    proxier.sink.upsertEndpointSlice(slice(['10.0.0.4'], '3'));
+    await new Promise((r) => setImmediate(r));
+    expect(proxier.status()[0]?.endpoints).toEqual(['10.0.0.2:8080', '10.0.0.3:8080']);
+    const summary = await proxier.syncNow();
+    expect(summary.recreated).toBe(1);
+    expect(proxier.status()[0]?.endpoints).toEqual(['10.0.0.4:8080']);
+    await proxier.shutdown(0);
+  });
+});

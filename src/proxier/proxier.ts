@@ -42,6 +42,11 @@ const DEFAULT_SYNC_RETRY_MS = 1000;
  * changed Service (core/plan.ts), hands the unit set one batch of opens, updates and closes,
  * programs the portal when its rules can have changed, and publishes one SyncEvent. Nothing is
  * programmed before `setSynced()`.
+ *
+ * After that, a change whose plan only moves endpoints (or affinity) of running units takes the
+ * fast lane: it reaches the balancers at once, as the Go userspace proxy's OnEndpointsUpdate did,
+ * without waiting for `--iptables-min-sync-period`, which only paces what touches sockets and
+ * portal rules. Both lanes run one at a time.
  */
 export class Proxier implements ProxierEvents {
   readonly cache: StateCache;
@@ -69,6 +74,9 @@ export class Proxier implements ProxierEvents {
   private pendingSince: number | undefined;
   /** Set while the last sync failed: how long until it is tried again. */
   private retryInMs: number | undefined;
+  /** Syncs and fast-lane runs, one at a time: each waits for the one before. */
+  private exclusive: Promise<void> = Promise.resolve();
+  private fastLaneQueued = false;
 
   constructor(private readonly opts: ProxierOptions) {
     this.log = opts.logger.child({ component: 'proxier' });
@@ -162,13 +170,17 @@ export class Proxier implements ProxierEvents {
     this.runner.stop();
     // A sync under way could otherwise open sockets after the unit set's snapshot, never to be closed.
     await this.current;
+    await this.exclusive;
     return this.units.shutdown(graceMs);
   }
 
   private makeSink(): StateSink {
     const cache = this.cache;
     const apply = (change: StateChange, changed: number): void => {
-      if (changed > 0) this.requestSync();
+      if (changed > 0) {
+        if (this.synced) this.queueFastLane();
+        else this.requestSync();
+      }
       this.changes.publish({ change, changed, initialized: this.syncCount > 0 });
     };
     return {
@@ -187,7 +199,7 @@ export class Proxier implements ProxierEvents {
 
   private async syncSafely(periodic: boolean): Promise<void> {
     if (this.stopping) return;
-    const run = this.sync(periodic).then(
+    const run = this.lock(() => this.sync(periodic)).then(
       () => {
         this.retry.reset();
         this.retryInMs = undefined;
@@ -206,6 +218,43 @@ export class Proxier implements ProxierEvents {
     if (this.current === run) this.current = undefined;
   }
 
+  /** Runs `fn` once every sync and fast-lane run queued before it has finished. */
+  private lock(fn: () => Promise<void>): Promise<void> {
+    const run = this.exclusive.then(fn);
+    this.exclusive = run.catch(() => undefined);
+    return run;
+  }
+
+  /**
+   * The changes of one burst (a source delivers a read's objects in one go) take the fast lane
+   * together, once the burst's synchronous calls are done.
+   */
+  private queueFastLane(): void {
+    if (this.fastLaneQueued || this.stopping) return;
+    this.fastLaneQueued = true;
+    queueMicrotask(() => {
+      this.fastLaneQueued = false;
+      void this.lock(() => this.fastLane()).catch((err: unknown) => {
+        // A bug: the full sync, which retries with backoff, takes the changes over.
+        this.log.error({ err }, 'fast lane failed; the next sync applies the changes');
+        this.requestSync();
+      });
+    });
+  }
+
+  private async fastLane(): Promise<void> {
+    if (this.stopping) return;
+    const started = this.opts.clock.now();
+    const taken = this.cache.takeDirty();
+    if (taken.size === 0) return;
+    try {
+      await this.apply(taken, false, started, 'endpoints');
+    } catch (err) {
+      this.cache.markDirty(taken);
+      throw err;
+    }
+  }
+
   private async sync(periodic: boolean): Promise<void> {
     const started = this.opts.clock.now();
     this.pendingSince = undefined;
@@ -219,26 +268,44 @@ export class Proxier implements ProxierEvents {
     }
   }
 
-  private async apply(dirty: ReadonlySet<string>, periodic: boolean, started: number): Promise<void> {
+  /**
+   * Plans `dirty`, applies the batch, programs the portal when it can have changed, publishes the
+   * SyncEvent. In the fast lane (`lane` 'endpoints') a Service that needs a socket opened, closed
+   * or made anew is handed back to the runner, and the portal is left alone.
+   */
+  private async apply(dirty: ReadonlySet<string>, periodic: boolean, started: number, lane: 'full' | 'endpoints' = 'full'): Promise<void> {
     const summary: SyncSummary = { services: 0, units: 0, opened: 0, closed: 0, recreated: 0, updated: 0, listenErrors: 0, portalErrors: 0, durationMs: 0 };
     const batch: UnitBatch = { close: [], recreate: [], open: [], update: [] };
     const planned = new Map<string, ProxyUnit[]>();
+    const deferred: string[] = [];
     for (const key of dirty) {
       const desired = this.plan(key);
       if (desired === undefined) continue;
       const diff = diffUnits(this.unitsByService.get(key) ?? [], desired);
+      if (lane === 'endpoints' && diff.close.length + diff.open.length + diff.recreate.length > 0) {
+        deferred.push(key);
+        continue;
+      }
       for (const u of diff.close) batch.close.push(u.id);
       for (const { to } of diff.recreate) batch.recreate.push(this.unitOpen(to));
       for (const u of diff.open) batch.open.push(this.unitOpen(u));
       for (const { to } of diff.update) batch.update.push(to);
       planned.set(key, desired);
     }
+    if (deferred.length > 0) {
+      this.cache.markDirty(deferred);
+      this.requestSync();
+    }
+    if (lane === 'endpoints') {
+      if (batch.update.length === 0) return;
+      batch.retryFailedListeners = false;
+    }
     summary.closed = batch.close.length;
     summary.recreated = batch.recreate.length;
     summary.opened = batch.open.length;
     summary.updated = batch.update.length;
     let prepareErrors: string[] = [];
-    if (this.opts.portal.prepare) {
+    if (this.opts.portal.prepare && lane === 'full') {
       prepareErrors = (await this.opts.portal.prepare([...planned.values()].flat())).errors;
       for (const e of prepareErrors) this.log.error({ portal: this.opts.portal.mode }, e);
     }
@@ -254,7 +321,7 @@ export class Proxier implements ProxierEvents {
     // and any after a portal failure always program it.
     const portalChanged = summary.opened + summary.closed + summary.recreated + applied.rebound > 0;
     let portalErrors: string[] = [];
-    if (portalChanged || periodic || this.portalNeedsSync) {
+    if (lane === 'full' && (portalChanged || periodic || this.portalNeedsSync)) {
       portalErrors = (await this.opts.portal.sync(this.units.views(), periodic)).errors;
       for (const e of portalErrors) this.log.error({ portal: this.opts.portal.mode }, e);
       this.portalNeedsSync = portalErrors.length > 0;
@@ -265,9 +332,10 @@ export class Proxier implements ProxierEvents {
     const finished = this.opts.clock.now();
     summary.durationMs = Math.round((finished - started) * 100) / 100;
     const changedSomething = summary.opened + summary.closed + summary.recreated + summary.updated + summary.listenErrors + summary.portalErrors > 0;
-    // A resync that changed nothing is routine: say so only at debug.
-    if (changedSomething || this.syncCount === 0) this.log.info({ ...summary, periodic }, 'synced proxy rules');
-    else if (this.log.isLevelEnabled('debug')) this.log.debug({ ...summary, periodic }, 'synced proxy rules');
+    // A resync that changed nothing is routine, and endpoint moves can come many a second: say
+    // those only at debug.
+    if ((changedSomething && lane === 'full') || this.syncCount === 0) this.log.info({ ...summary, periodic }, 'synced proxy rules');
+    else if (this.log.isLevelEnabled('debug')) this.log.debug({ ...summary, periodic, lane }, 'synced proxy rules');
     const first = this.syncCount === 0;
     this.syncCount++;
     this.syncs.publish({

@@ -77,7 +77,7 @@ export class LocalUnitSet implements UnitSet {
       listenErrors += failedListeners(o.unit.id);
     }
     for (const u of batch.update) this.updateUnit(u);
-    const retried = await this.retryListeners(batch);
+    const retried = batch.retryFailedListeners === false ? { failed: 0, bound: 0 } : await this.retryListeners(batch);
     return { listenErrors: listenErrors + retried.failed, rebound: retried.bound };
   }
 

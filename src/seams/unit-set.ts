@@ -30,6 +30,11 @@ export interface UnitBatch {
   open: UnitOpen[];
   /** Units whose endpoints or affinity changed: the balancer follows, the sockets stay. */
   update: ProxyUnit[];
+  /**
+   * Bind again the listeners that failed before (default true). The loop's fast lane, which only
+   * moves endpoints, leaves that to the next full sync.
+   */
+  retryFailedListeners?: boolean;
 }
 
 export interface UnitBatchResult {
