@@ -8,7 +8,8 @@ import { ProxierHealth } from './core/proxier-health.js';
 import type { ProxyConfig } from './config.js';
 import { createPortal } from './create-portal.js';
 import { createSource } from './create-source.js';
-import { warnOnLowOpenFileLimit } from './fd-limit.js';
+import { descriptorBudget } from './core/descriptor-budget.js';
+import { readOpenFileLimit, warnOnLowOpenFileLimit } from './fd-limit.js';
 import { followProxier, startHealthServer } from './io/http/healthz.js';
 import { HttpServer, sendJson } from './io/http/http-server.js';
 import { attachMetrics } from './io/http/metrics.js';
@@ -96,6 +97,10 @@ async function start(config: ProxyConfig, logger: Logger, started: Started): Pro
   const nodeName = (config.hostnameOverride ?? hostname()).trim().toLowerCase();
   // Sizes every UDP listener's receive buffer; metrics read its drop counts at scrape time.
   const receiveBuffers = new UdpReceiveBuffers({ logger });
+  // Read before anything is open: out of descriptors, even /proc/self/limits cannot be read.
+  const limit = readOpenFileLimit();
+  const budget = descriptorBudget(limit === undefined ? Infinity : Math.min(limit.soft, limit.hard));
+  if (budget.maxListeners !== Infinity) logger.debug({ ...budget }, 'open files: listening sockets bounded so that connections keep theirs');
   const units = new LocalUnitSet({
     logger,
     balancerFactory: roundRobinFactory,
@@ -105,6 +110,7 @@ async function start(config: ProxyConfig, logger: Logger, started: Started): Pro
     random: Math.random,
     bindAddress: config.bindAddress,
     sweepIntervalMs: Math.max(10, Math.min(1000, Math.floor(config.udpIdleTimeoutMs / 4))),
+    maxListeners: budget.maxListeners,
   });
   const proxier = new Proxier({
     portal,

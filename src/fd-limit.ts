@@ -8,11 +8,9 @@ import type { ProxierEvents } from './seams/proxier-events.js';
  * one at start, so the hard limit is what counts, and only the operator can raise it.
  */
 
-/** Descriptors a process holds besides the proxy's sockets: stdio, the event loop, HTTP servers, logs, watches. */
-export const BASE_DESCRIPTORS = 64;
+import { BASE_DESCRIPTORS, DEFAULT_EXPECTED_CONNECTIONS } from './core/descriptor-budget.js';
 
-/** Concurrent proxied connections (TCP) and sessions (UDP) over the whole node to budget for by default. */
-export const DEFAULT_EXPECTED_CONNECTIONS = 4096;
+export { BASE_DESCRIPTORS, DEFAULT_EXPECTED_CONNECTIONS };
 
 export interface OpenFileLimit {
   /** `Infinity` for "unlimited". */
@@ -73,14 +71,17 @@ export function checkOpenFileLimit(need: DescriptorNeed, read?: (path: string) =
 }
 
 /**
- * Checks once, after the first sync, when the service ports (and so the listeners) are known.
- * `warn` gets the message; main passes the logger's warn.
+ * Reads the limit now, at start-up, while descriptors are there to read it with (once they run
+ * out, even /proc/self/limits cannot be opened), and warns once, after the first sync, when the
+ * service ports (and so the listeners wanted, served or not) are known. `warn` gets the message;
+ * main passes the logger's warn.
  */
 export function warnOnLowOpenFileLimit(events: ProxierEvents, warn: (msg: string, need: DescriptorNeed) => void, expectedConnections = DEFAULT_EXPECTED_CONNECTIONS, read?: (path: string) => string): void {
+  const limit = readOpenFileLimit(read);
   const off = events.onSync((e) => {
     off();
-    const need = { listeners: e.listeners, expectedConnections };
-    const msg = checkOpenFileLimit(need, read);
+    const need = { listeners: e.listeners + e.listenersFailed, expectedConnections };
+    const msg = limit === undefined ? undefined : openFileLimitWarning(limit, need);
     if (msg !== undefined) warn(msg, need);
   });
 }

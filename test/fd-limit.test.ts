@@ -8,6 +8,7 @@ import { Topic } from '../src/core/topic.js';
 import type { SyncEvent } from '../src/seams/proxier-events.js';
 import { runCli, type Spawned } from './helpers/cli.js';
 import { endpointSlice, list, service } from './helpers/objects.js';
+import { tcpEchoServer, tcpRequest, waitFor } from './helpers/net.js';
 
 /** The start-up warning when the open-file limit is below what the service ports and connections need. */
 
@@ -44,7 +45,7 @@ describe('the open-file limit', () => {
     const warnings: string[] = [];
     const events = { onSync: (l: (e: SyncEvent) => void) => syncs.subscribe(l), onChange: () => () => {} };
     warnOnLowOpenFileLimit(events, (msg, need) => warnings.push(`${need.listeners}: ${msg}`), 500, () => LIMITS);
-    const sync = { listeners: 3 } as SyncEvent;
+    const sync = { listeners: 3, listenersFailed: 0 } as SyncEvent;
     syncs.publish(sync);
     syncs.publish(sync);
     expect(warnings).toHaveLength(1);
@@ -93,4 +94,81 @@ describe('at start-up', () => {
     const lines = r.stderr().trim().split('\n');
     expect(lines).toEqual(['kube-userspace-proxy: --kubeconfig: cannot load /nonexistent/kubeconfig: no such file']);
   });
+});
+
+describe('running out of open files', () => {
+  const running: Spawned[] = [];
+  let dir: string | undefined;
+  afterAll(async () => {
+    for (const r of running) r.kill();
+    if (dir) await rm(dir, { recursive: true, force: true });
+  });
+
+  const hasPrlimit = ((): boolean => {
+    try {
+      execFileSync('prlimit', ['--version'], { stdio: 'ignore' });
+      return true;
+    } catch {
+      return false;
+    }
+  })();
+
+  /** n Services with one TCP port each, at 127.97.<i>.1 (loopback portal), endpoints on a backend. */
+  function manyServices(n: number, backendPort: number): string {
+    const objs = [];
+    for (let i = 0; i < n; i++) {
+      objs.push(service({ name: `svc-${String(i).padStart(3, '0')}`, clusterIP: `10.97.${i}.1`, ports: [{ name: 'tcp', port: 17000 }] }));
+      objs.push(endpointSlice({ service: `svc-${String(i).padStart(3, '0')}`, ports: [{ name: 'tcp', port: backendPort }], endpoints: [{ ip: '127.0.97.1' }] }));
+    }
+    return list(objs);
+  }
+
+  interface Listed {
+    services: Array<{ name: string; reachable: string[]; errors: string[] }>;
+  }
+
+  it.skipIf(!hasPrlimit)('serves the Services that fit, names each one that does not, counts them, and takes more as descriptors come free', async () => {
+    dir = await mkdtemp(join(tmpdir(), 'kup-fd-budget-'));
+    const state = join(dir, 'state.json');
+    const backend = await tcpEchoServer('127.0.97.1', 'b');
+    try {
+      // nofile 300: 256 kept for connections and the proxy's own work, 44 listening sockets.
+      await writeFile(state, manyServices(30, backend.port));
+      const r = runCli(['--state', state, '--metrics-bind-address', '127.0.0.1:0', '--healthz-bind-address', '127.0.0.1:0', '--iptables-min-sync-period', '0s'], { prefix: ['prlimit', '--nofile=300:300', '--'] });
+      running.push(r);
+      const admin = (JSON.parse(await r.waitForLine(/kube-userspace-proxy started/)) as { admin: string }).admin;
+      const listed = async (): Promise<Listed> => (await (await fetch(`http://${admin}/services`)).json()) as Listed;
+      expect((await listed()).services.filter((s) => s.errors.length > 0)).toEqual([]);
+
+      // Mid-run, 30 more: 14 fit, 16 do not. Those that ran before keep serving.
+      await writeFile(state, manyServices(60, backend.port));
+      const after = await waitFor(async () => {
+        const l = await listed();
+        return l.services.length === 60 && l.services.filter((s) => s.errors.length > 0).length === 16 ? l : undefined;
+      }, 'the edit to apply');
+      const refused = after.services.filter((s) => s.errors.length > 0);
+      for (const s of refused) expect(s.errors[0]).toMatch(/not served: .*out of open files.*raise the open-file limit/);
+      expect(refused.map((s) => s.name)).not.toContain('default/svc-000:tcp');
+      expect(await tcpRequest('127.97.0.1', 17000, 'hi')).toBe('b:hi');
+      const served = after.services.find((s) => s.errors.length === 0 && s.name !== 'default/svc-000:tcp');
+      const [host, port] = (served?.reachable[0] ?? '').split(':');
+      expect(await tcpRequest(host as string, Number(port), 'hey')).toBe('b:hey');
+      const metrics = await (await fetch(`http://${admin}/metrics`)).text();
+      expect(metrics).toMatch(/^kube_userspace_proxy_listeners_failed 16$/m);
+      // One line for each Service that does not fit.
+      const lines = r.stdout().split('\n').filter((l) => l.includes('not served: '));
+      expect(new Set(lines.map((l) => (JSON.parse(l) as { service: string }).service)).size).toBe(16);
+
+      // Twenty go away: the waiting ones are served at the next sync.
+      await writeFile(state, manyServices(40, backend.port));
+      await waitFor(async () => {
+        const l = await listed();
+        return l.services.length === 40 && l.services.every((s) => s.errors.length === 0) ? l : undefined;
+      }, 'the refused Services to be served');
+      r.child.kill('SIGTERM');
+      expect(await r.exited).toBe(0);
+    } finally {
+      await backend.close();
+    }
+  }, 30_000);
 });

@@ -347,6 +347,7 @@ export class Proxier implements ProxierEvents {
       serviceHealth: this.totals.serviceHealth(),
       noLocalEndpoints: this.totals.noLocalEndpoints(),
       listeners: this.units.listenerCount(),
+      listenersFailed: this.units.failedListenerCount(),
     });
   }
 

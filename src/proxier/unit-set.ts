@@ -25,6 +25,12 @@ export interface LocalUnitSetOptions {
   bindAddress: string;
   /** How often the one coarse sweep runs (UDP idle sessions, expired affinity). */
   sweepIntervalMs: number;
+  /**
+   * Listening sockets this process may hold (core/descriptor-budget.ts): past it a unit's listener
+   * is not bound, one clear error for that unit, rather than taking the descriptors every
+   * connection and the proxy's own work need. Default: no bound.
+   */
+  maxListeners?: number;
 }
 
 /** One listener a unit wants, and what became of it. */
@@ -58,6 +64,9 @@ export class LocalUnitSet implements UnitSet {
   private stopping = false;
   private sweepTimer: NodeJS.Timeout | undefined;
   private lastSweepAffinity = 0;
+  /** Listeners bound and listeners failing now, over every running unit (kept, not counted). */
+  private bound = 0;
+  private failing = 0;
 
   constructor(private readonly opts: LocalUnitSetOptions) {
     this.log = opts.logger.child({ component: 'unit-set' });
@@ -100,9 +109,11 @@ export class LocalUnitSet implements UnitSet {
   }
 
   listenerCount(): number {
-    let n = 0;
-    for (const ru of this.units.values()) for (const l of ru.listeners) if (l.bound) n++;
-    return n;
+    return this.bound;
+  }
+
+  failedListenerCount(): number {
+    return this.failing;
   }
 
   activeConnections(): number {
@@ -171,6 +182,10 @@ export class LocalUnitSet implements UnitSet {
     const ru = this.units.get(id);
     if (!ru) return;
     this.units.delete(id);
+    for (const l of ru.listeners) {
+      if (l.bound) this.bound--;
+      if (l.error !== undefined) this.failing--;
+    }
     if (ru.proxyPort !== undefined) this.opts.portAllocator.release(ru.proxyPort);
     const socket = ru.socket;
     this.retired.add(socket);
@@ -184,6 +199,11 @@ export class LocalUnitSet implements UnitSet {
   /** Bind one listener; on failure record a clear error for that unit (retried at the next apply). */
   private async bindListener(ru: RunningUnit, l: ListenerState): Promise<void> {
     const { spec } = l;
+    const max = this.opts.maxListeners ?? Infinity;
+    if (this.bound >= max) {
+      this.setListenError(ru, l, listenErrorMessage(outOfDescriptors(max), spec), 'EMFILE');
+      return;
+    }
     try {
       if (spec.proxyPort) {
         // A unit has one proxy port number: a further proxy-port listener (its other IP family)
@@ -194,12 +214,20 @@ export class LocalUnitSet implements UnitSet {
       } else {
         l.bound = await ru.socket.listen({ host: spec.host, port: spec.port });
       }
+      this.bound++;
+      if (l.error !== undefined) this.failing--;
       l.error = undefined;
     } catch (err) {
-      const message = listenErrorMessage(err, spec);
-      if (l.error !== message) this.log.error({ service: ru.unit.id, err: errnoCode(err) ?? String(err) }, `${ru.unit.id}: ${message}`);
-      l.error = message;
+      this.setListenError(ru, l, listenErrorMessage(err, spec), errnoCode(err) ?? String(err));
     }
+  }
+
+  /** Records why a listener is not bound; says so once per unit and reason. */
+  private setListenError(ru: RunningUnit, l: ListenerState, message: string, code: string): void {
+    if (l.error === message) return;
+    if (l.error === undefined) this.failing++;
+    this.log.error({ service: ru.unit.id, err: code }, `${ru.unit.id}: ${message}`);
+    l.error = message;
   }
 
   private async bindProxyPort(ru: RunningUnit, host: string): Promise<BoundAddress> {
@@ -280,7 +308,17 @@ function listenErrorMessage(err: unknown, spec: ListenSpec): string {
       return `cannot listen on ${where}: the address is in use by another process`;
     case 'EADDRNOTAVAIL':
       return `cannot listen on ${where}: the address is not local to this node`;
+    case 'EMFILE':
+    case 'ENFILE':
+      return `not served: cannot listen on ${where}: out of open files (${err instanceof Error ? err.message : String(err)}); raise the open-file limit (ulimit -n, LimitNOFILE= under systemd, the container runtime's nofile)`;
     default:
       return `cannot listen on ${where}: ${err instanceof Error ? err.message : String(err)}`;
   }
+}
+
+/** The error a listener gets when binding it would eat into the descriptors set aside. */
+function outOfDescriptors(max: number): NodeJS.ErrnoException {
+  const err: NodeJS.ErrnoException = new Error(`${max} listening sockets are all this process may hold; the rest of its open-file limit is kept for connections and its own work`);
+  err.code = 'EMFILE';
+  return err;
 }

@@ -58,6 +58,8 @@ export interface SyncEvent {
   noLocalEndpoints: NoLocalCounts;
   /** Sockets listening now (portal addresses and proxy ports): descriptors held for good. */
   listeners: number;
+  /** Listeners wanted but not bound (address in use, privilege, out of descriptors, ...). */
+  listenersFailed: number;
 }
 
 /** Where to subscribe; each returns the function that unsubscribes. */

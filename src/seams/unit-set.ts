@@ -74,6 +74,8 @@ export interface UnitSet {
   /** The endpoints a unit's balancer holds now (tests, /services). */
   endpoints(id: string): readonly Endpoint[] | undefined;
   listenerCount(): number;
+  /** Listeners wanted and not bound now; each is retried at every full sync. */
+  failedListenerCount(): number;
   /** Connections and sessions alive, on running and retired sockets. */
   activeConnections(): number;
   /** Starts the one coarse sweep (idle UDP sessions, expired affinity). */

@@ -61,6 +61,7 @@ export class ProxyMetrics implements ProbeObserver {
   private readonly endpointChanges: Counter;
   private readonly serviceChanges: Counter;
   private readonly noLocalEndpoints: Gauge<'traffic_policy'>;
+  private readonly listenersFailed: Gauge;
   private readonly healthzTotal: Counter<'code'>;
   private readonly livezTotal: Counter<'code'>;
 
@@ -88,6 +89,7 @@ export class ProxyMetrics implements ProbeObserver {
     this.noLocalEndpoints = new Gauge({ name: 'kubeproxy_sync_proxy_rules_no_local_endpoints_total', help: 'Number of services with a Local traffic policy and no endpoints', labelNames: ['traffic_policy'], registers });
     this.noLocalEndpoints.set({ traffic_policy: 'internal' }, 0);
     this.noLocalEndpoints.set({ traffic_policy: 'external' }, 0);
+    this.listenersFailed = new Gauge({ name: 'kube_userspace_proxy_listeners_failed', help: 'Listening sockets wanted but not bound (address in use, privilege, out of open files); each names its service port in /services and is retried at every sync', registers });
     this.healthzTotal = new Counter({ name: 'kubeproxy_proxy_healthz_total', help: 'Cumulative proxy healthz HTTP status', labelNames: ['code'], registers });
     this.livezTotal = new Counter({ name: 'kubeproxy_proxy_livez_total', help: 'Cumulative proxy livez HTTP status', labelNames: ['code'], registers });
     this.defineReadingMetrics();
@@ -144,6 +146,7 @@ export class ProxyMetrics implements ProbeObserver {
 
   private synced(e: SyncEvent): void {
     this.syncDuration.observe(e.summary.durationMs / 1000);
+    this.listenersFailed.set(e.listenersFailed);
     // A failed portal sync is upstream's failed iptables-restore: not "successfully synced", and
     // the changes it carried are not programmed yet.
     if (e.summary.portalErrors > 0) return;
