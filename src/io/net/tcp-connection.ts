@@ -160,10 +160,12 @@ export class TcpConnection {
 
   /**
    * Not when the attempts are used up, nor when another endpoint would fail the same way (out of
-   * descriptors), nor for a client that is gone.
+   * descriptors), nor for a client that is gone, nor for one that already got bytes from the
+   * failed endpoint (a dialer that let it speak before failing): another endpoint's bytes would
+   * follow them in one stream.
    */
   private mayRetry(err: unknown): boolean {
-    return this.attempt + 1 < this.ctx.dialTimeoutsMs.length && !isOutOfDescriptors(err) && !this.client.destroyed;
+    return this.attempt + 1 < this.ctx.dialTimeoutsMs.length && !isOutOfDescriptors(err) && !this.client.destroyed && this.client.bytesWritten === 0;
   }
 
   /**
