@@ -4,6 +4,7 @@ import { ServicePortStats } from '../../core/stats.js';
 import type { Logger } from '../../log.js';
 import type { Dialer } from './dialer.js';
 import { isOutOfDescriptors } from './errno.js';
+import { listenBacklog } from './listen-backlog.js';
 import { listenKey } from './listen-key.js';
 import type { BoundAddress, ListenAddress, ProxySocket } from './proxy-socket.js';
 import { RateLimiter } from './rate-limiter.js';
@@ -20,6 +21,8 @@ export interface TcpProxySocketOptions {
   logger: Logger;
   stats?: ServicePortStats;
   dialTimeoutsMs?: readonly number[];
+  /** The listen backlog; by default net.core.somaxconn, as Go does. */
+  backlog?: number;
 }
 
 /**
@@ -33,6 +36,7 @@ export class TcpProxySocket implements ProxySocket {
   private readonly parentLog: Logger;
   private readonly name: string;
   private childLog: Logger | undefined;
+  private readonly backlog: number;
   private readonly ctx: TcpConnectionContext;
   private readonly listeners = new Map<string, { server: Server; bound: BoundAddress }>();
   private readonly conns = new Set<TcpConnection>();
@@ -43,6 +47,7 @@ export class TcpProxySocket implements ProxySocket {
     this.stats = opts.stats ?? new ServicePortStats();
     this.parentLog = opts.logger;
     this.name = opts.name;
+    this.backlog = opts.backlog ?? listenBacklog();
     this.ctx = {
       balancer: opts.balancer,
       dialer: opts.dialer,
@@ -72,7 +77,7 @@ export class TcpProxySocket implements ProxySocket {
     return new Promise((resolve, reject) => {
       server.once('error', reject);
       // ipv6Only: a listener on :: must not also take the IPv4 port, which another listener may hold.
-      server.listen({ host: addr.host, port: addr.port, ipv6Only: addr.host.includes(':') }, () => {
+      server.listen({ host: addr.host, port: addr.port, ipv6Only: addr.host.includes(':'), backlog: this.backlog }, () => {
         server.off('error', reject);
         // A fixed port on an IPv4 literal is bound as asked; only port 0 (or an IPv6 spelling) needs
         // the getsockname() round trip, which is a few percent of start-up at 10,000 service ports.
