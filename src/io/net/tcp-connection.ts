@@ -72,6 +72,9 @@ export class TcpConnection {
   /** The half-closed directions: each FIN once passed on. */
   private clientFinPassed = false;
   private endpointFinPassed = false;
+  /** The idle sweep's last reading of the byte counters (-1: none yet) and since when it held. */
+  private idleMark = -1;
+  private idleSinceMs = 0;
   private onread: OnReadOpts | undefined;
 
   constructor(
@@ -110,6 +113,33 @@ export class TcpConnection {
   destroy(): void {
     resetSocket(this.client);
     if (this.upstream) resetSocket(this.upstream);
+  }
+
+  /**
+   * The idle limit, from the one coarse sweep: a relayed connection whose byte counters have not
+   * moved for `idleTimeoutMs` is closed on both sides. Nothing is done per read: the counters are
+   * the sockets' own. Progress is a read on either side or a write the kernel took in full
+   * (bytesWritten counts a write when it is queued, writableLength until it completes), so a slow
+   * reader draining a backlog is not idle.
+   *
+   * The close is a plain one (FIN), as nginx's proxy_timeout and Envoy's idle_timeout do: the
+   * connections that idle longest are pooled keep-alive ones, whose clients recognise an orderly
+   * end before reusing them.
+   */
+  sweepIdle(nowMs: number, idleTimeoutMs: number): void {
+    if (this.phase !== 'relaying') return;
+    const c = this.client;
+    const u = this.upstream as Socket;
+    const mark = c.bytesRead + u.bytesRead + (c.bytesWritten - c.writableLength) + (u.bytesWritten - u.writableLength);
+    if (mark !== this.idleMark) {
+      this.idleMark = mark;
+      this.idleSinceMs = nowMs;
+      return;
+    }
+    if (nowMs - this.idleSinceMs < idleTimeoutMs) return;
+    if (this.ctx.debugEnabled()) this.ctx.log().debug({ client: this.clientIP, endpoint: this.endpoint?.addr, idleMs: nowMs - this.idleSinceMs }, 'idle: closing');
+    c.destroy();
+    u.destroy();
   }
 
   // --- dialing --------------------------------------------------------------------------------
