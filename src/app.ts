@@ -43,13 +43,13 @@ export interface RunningProxy {
 }
 
 function socketFactory(config: ProxyConfig, logger: Logger, receiveBuffers: UdpReceiveBuffers): ProxySocketFactory {
-  const dialer = new DirectDialer();
+  const dialer = new DirectDialer({ keepAliveMs: config.tcpKeepAliveMs });
   return (unit, balancer, stats): ProxySocket => {
     // The sockets bind their own {component, service} child logger, and only when they first log.
     if (unit.protocol === 'UDP') {
       return new UdpProxySocket({ name: unit.id, balancer, logger, stats, idleTimeoutMs: config.udpIdleTimeoutMs, maxSessions: config.maxUdpSessions, receiveBuffers });
     }
-    return new TcpProxySocket({ name: unit.id, balancer, dialer, logger, stats });
+    return new TcpProxySocket({ name: unit.id, balancer, dialer, logger, stats, keepAliveMs: config.tcpKeepAliveMs, idleTimeoutMs: config.tcpIdleTimeoutMs });
   };
 }
 

@@ -38,6 +38,8 @@ export function buildProgram(capture: { out: string; err: string }): Command {
     .option('--bind-address <ip>', `the address proxy ports listen on (default: ${DEFAULTS.bindAddress})`)
     .option('--proxy-port-range <range>', 'the range of host ports for proxy ports (a-b, a+n or p; default: the kernel picks)')
     .option('--udp-timeout <duration>', `how long an idle UDP session lives (default: ${DEFAULTS.udpTimeout})`)
+    .option('--tcp-keepalive <duration>', `TCP keepalive probes on both legs of a connection after this long without traffic, in whole seconds; 0 turns them off (default: ${DEFAULTS.tcpKeepalive})`)
+    .option('--tcp-idle-timeout <duration>', `close a TCP connection after this long without a byte either way; 0 never does (default: ${DEFAULTS.tcpIdleTimeout})`)
     .option('--max-udp-sessions <n>', `UDP sessions per service port; past it the oldest idle one is reclaimed (default: ${DEFAULTS.maxUdpSessions})`)
     .option('--metrics-bind-address <host:port>', `where the metrics and status server listens (default: ${DEFAULTS.metricsBindAddress})`)
     .option('--healthz-bind-address <host:port>', `where the health server listens (default: ${DEFAULTS.healthzBindAddress})`)
@@ -57,7 +59,7 @@ export function buildProgram(capture: { out: string; err: string }): Command {
 /** The flags whose string value is handed on unchanged, under the same name. */
 const STRING_OPTIONS = [
   'config', 'writeConfigTo', 'state', 'portal', 'kubeconfig', 'master', 'hostnameOverride', 'bindAddress',
-  'proxyPortRange', 'udpTimeout', 'maxUdpSessions', 'metricsBindAddress', 'healthzBindAddress',
+  'proxyPortRange', 'udpTimeout', 'maxUdpSessions', 'tcpKeepalive', 'tcpIdleTimeout', 'metricsBindAddress', 'healthzBindAddress',
   'iptablesSyncPeriod', 'iptablesMinSyncPeriod', 'nodeportAddresses', 'serviceClusterIpRange',
   'shutdownGracePeriod', 'configSyncPeriod', 'logLevel',
 ] as const satisfies ReadonlyArray<keyof RawOptions>;

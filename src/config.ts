@@ -15,6 +15,10 @@ export interface ProxyConfig {
   bindAddress: string;
   proxyPortRange?: PortRange;
   udpIdleTimeoutMs: number;
+  /** `--tcp-keepalive`: keepalive probes on both legs after this long idle (whole seconds); 0 = off. */
+  tcpKeepAliveMs: number;
+  /** `--tcp-idle-timeout`: a connection without a byte either way this long is closed; 0 = never. */
+  tcpIdleTimeoutMs: number;
   metricsBindAddress: HostPort;
   healthzBindAddress: HostPort;
   logLevel: LevelWithSilent;
@@ -45,6 +49,8 @@ export interface RawOptions {
   bindAddress?: string;
   proxyPortRange?: string;
   udpTimeout?: string;
+  tcpKeepalive?: string;
+  tcpIdleTimeout?: string;
   metricsBindAddress?: string;
   healthzBindAddress?: string;
   logLevel?: string;
@@ -69,6 +75,8 @@ export const DEFAULTS = {
   portal: 'loopback' as PortalMode,
   bindAddress: '0.0.0.0',
   udpTimeout: '250ms',
+  tcpKeepalive: '15s',
+  tcpIdleTimeout: '0s',
   metricsBindAddress: '127.0.0.1:10249',
   healthzBindAddress: '0.0.0.0:10256',
   logLevel: 'info',
@@ -95,6 +103,12 @@ function duration(name: string, value: string, min = 0): number {
   });
   if (ms < min) throw new UsageError(`--${name}: ${value} is too short (at least ${min}ms)`);
   return ms;
+}
+
+/** TCP_KEEPIDLE counts whole seconds: 0 turns keepalive off, anything else is rounded up to a second. */
+function keepAlive(value: string): number {
+  const ms = duration('tcp-keepalive', value);
+  return ms === 0 ? 0 : Math.ceil(ms / 1000) * 1000;
 }
 
 function oneOf<T extends string>(name: string, value: string, allowed: readonly T[]): T {
@@ -136,6 +150,8 @@ export function buildConfig(raw: RawOptions): ProxyConfig {
     portal,
     bindAddress,
     udpIdleTimeoutMs: duration('udp-timeout', raw.udpTimeout ?? DEFAULTS.udpTimeout, 1),
+    tcpKeepAliveMs: keepAlive(raw.tcpKeepalive ?? DEFAULTS.tcpKeepalive),
+    tcpIdleTimeoutMs: duration('tcp-idle-timeout', raw.tcpIdleTimeout ?? DEFAULTS.tcpIdleTimeout),
     metricsBindAddress,
     healthzBindAddress,
     logLevel: oneOf('log-level', raw.logLevel ?? DEFAULTS.logLevel, LOG_LEVELS),

@@ -174,6 +174,8 @@ const SCHEMA: Schema = {
       portal: { type: 'string', apply: (v, at, out) => { out.portal = oneOf(v as string, PORTAL_MODES, at); } },
       stateFile: { type: 'string', apply: (v, _at, out) => { if (v !== '') out.state = v as string; } },
       shutdownGracePeriod: { type: 'duration', apply: (v, _at, out) => { out.shutdownGracePeriod = v as string; } },
+      tcpKeepAlive: { type: 'duration', apply: (v, _at, out) => { out.tcpKeepalive = v as string; } },
+      tcpIdleTimeout: { type: 'duration', apply: (v, _at, out) => { out.tcpIdleTimeout = v as string; } },
       maxUDPSessions: {
         type: 'integer',
         apply: (v, at, out) => {
@@ -390,6 +392,8 @@ export function toKubeProxyConfiguration(config: ProxyConfig): Record<string, un
       portal: config.portal,
       stateFile: config.stateFile ?? '',
       shutdownGracePeriod: formatDuration(config.shutdownGracePeriodMs),
+      tcpKeepAlive: formatDuration(config.tcpKeepAliveMs),
+      tcpIdleTimeout: formatDuration(config.tcpIdleTimeoutMs),
       maxUDPSessions: config.maxUdpSessions,
       serviceClusterIPRanges: config.serviceClusterIPRanges,
       logLevel: config.logLevel,

@@ -25,3 +25,21 @@ describe('flag names as kube-proxy has them', () => {
     }
   });
 });
+
+describe('TCP connection flags', () => {
+  const config = (argv: string[]): ReturnType<typeof buildConfig> => {
+    const outcome = parseCommandLine(argv);
+    if (outcome.kind !== 'run') throw new Error(outcome.output);
+    return buildConfig(outcome.options);
+  };
+
+  it('keepalive defaults to Go\'s 15 s and the idle limit to never', () => {
+    expect(config([])).toMatchObject({ tcpKeepAliveMs: 15_000, tcpIdleTimeoutMs: 0 });
+  });
+
+  it('--tcp-keepalive counts whole seconds (rounded up) and 0 turns it off; --tcp-idle-timeout is a duration', () => {
+    expect(config(['--tcp-keepalive', '1500ms', '--tcp-idle-timeout', '1h'])).toMatchObject({ tcpKeepAliveMs: 2000, tcpIdleTimeoutMs: 3_600_000 });
+    expect(config(['--tcp-keepalive', '0'])).toMatchObject({ tcpKeepAliveMs: 0 });
+    expect(() => config(['--tcp-idle-timeout', '10'])).toThrow(/^--tcp-idle-timeout: /);
+  });
+});

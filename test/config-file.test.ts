@@ -199,6 +199,14 @@ describe('flags and the file', () => {
     expect(config.shutdownGracePeriodMs).toBe(10_000); // default
   });
 
+  it('takes the TCP keepalive and idle limit under kubeUserspaceProxy, where an explicit 0s is a value', () => {
+    const { options } = parse('kubeUserspaceProxy:\n  tcpKeepAlive: 0s\n  tcpIdleTimeout: 30m\n');
+    expect(options).toEqual({ tcpKeepalive: '0s', tcpIdleTimeout: '30m' });
+    expect(buildConfig(options)).toMatchObject({ tcpKeepAliveMs: 0, tcpIdleTimeoutMs: 1_800_000 });
+    const written = buildConfig({ tcpKeepalive: '20s', tcpIdleTimeout: '1h' });
+    expect(buildConfig(parseKubeProxyConfiguration(renderKubeProxyConfiguration(written), 'written.yaml').options)).toEqual(written);
+  });
+
   it('a missing file is a user error naming it', async () => {
     await expect(resolveOptions({ config: join(dir, 'absent.yaml') })).rejects.toThrow(/--config: cannot read .*absent\.yaml: ENOENT/);
   });

@@ -366,6 +366,52 @@ describe('TcpProxySocket: a dialer that hands over a socket that failed meanwhil
   });
 });
 
+describe('TcpProxySocket: a dialer that fails after the endpoint spoke', () => {
+  it('resets the client rather than retrying: a second endpoint would continue the first one\'s stream', async () => {
+    const greeter = await backend(LO, (s) => {
+      s.resume();
+      s.write('hello from A');
+    });
+    const echo = await backend();
+    const balancer = FakeBalancer.of([greeter.port, echo.port]);
+    let first = true;
+    // The first dial lets the endpoint's greeting through to the client, then fails (a reply it did not like, say).
+    const dialer: Dialer = {
+      dial: async (req) => {
+        if (!first) return new DirectDialer().dial(req);
+        first = false;
+        const onread = req.onread;
+        if (onread === undefined) throw new Error('expected an onread');
+        let relayed!: () => void;
+        const greeted = new Promise<void>((resolve) => (relayed = resolve));
+        const socket = await new DirectDialer().dial({
+          ...req,
+          onread: {
+            buffer: onread.buffer,
+            callback: (n, buf) => {
+              const more = onread.callback(n, buf);
+              relayed();
+              return more;
+            },
+          },
+        });
+        await greeted;
+        socket.destroy();
+        throw Object.assign(new Error('bad greeting'), { code: 'EPROTO' });
+      },
+    };
+    const { proxy, port } = await proxyFor(balancer, { dialer });
+    const { socket, got } = await connectTo(port);
+    socket.write('x');
+    await expect(withDeadline(got.ended, 5000, 'the reset')).rejects.toMatchObject({ code: 'ECONNRESET' });
+    await drained(proxy);
+    socket.destroy();
+    expect(balancer.calls).toHaveLength(1);
+    expect(balancer.released).toEqual([`${LO}:${greeter.port}`]);
+    expect(proxy.stats).toMatchObject({ dialAttempts: 1, dialExhausted: 1, active: 0 });
+  });
+});
+
 describe('TcpProxySocket: a dialer that hands the socket over after backpressure', () => {
   it('reads on when the client drained before the hand-over', async () => {
     const reply = randomBytes(8 * MiB);

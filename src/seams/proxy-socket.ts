@@ -39,6 +39,6 @@ export interface ProxySocket {
   drained(): Promise<void>;
   /** Cut every remaining connection or session at once (end of a shutdown grace period). */
   destroyAll(): void;
-  /** Periodic housekeeping from the proxier's one coarse timer (UDP idle sessions). */
+  /** Periodic housekeeping from the proxier's one coarse timer (idle UDP sessions and TCP connections). */
   sweep(nowMs: number): void;
 }

@@ -1,15 +1,16 @@
-import { createServer, isIPv4, type AddressInfo, type OnReadOpts, type Server, type Socket } from 'node:net';
+import { createServer, isIPv4, type AddressInfo, type Server, type Socket } from 'node:net';
 import type { LoadBalancer } from '../../core/balancer/load-balancer.js';
-import type { Endpoint } from '../../core/model.js';
 import { ServicePortStats } from '../../core/stats.js';
 import type { Logger } from '../../seams/logger.js';
-import type { Dialer, DialRequest } from '../../seams/dialer.js';
-import { dialFailureReason, isOutOfDescriptors } from './errno.js';
+import type { Dialer } from '../../seams/dialer.js';
+import { DEFAULT_TCP_KEEPALIVE_MS } from './direct-dialer.js';
+import { isOutOfDescriptors } from './errno.js';
+import { listenBacklog } from './listen-backlog.js';
 import { hostPort } from '../../core/address.js';
 import type { BoundAddress, ListenAddress, ProxySocket } from '../../seams/proxy-socket.js';
 import { systemClock } from '../../core/clock.js';
 import { RateLimiter } from '../../core/rate-limiter.js';
-import { catchUp, readInto, relay, relayEnd, resetSocket, type EndpointReads, type TcpConn } from './tcp-conn.js';
+import { TcpConnection, type TcpConnectionContext } from './tcp-connection.js';
 
 /** Upstream's endpointDialTimeout: one attempt per entry, each on a freshly picked endpoint. */
 export const DEFAULT_DIAL_TIMEOUTS_MS: readonly number[] = [250, 500, 1000, 2000];
@@ -22,34 +23,57 @@ export interface TcpProxySocketOptions {
   logger: Logger;
   stats?: ServicePortStats;
   dialTimeoutsMs?: readonly number[];
+  /**
+   * TCP keepalive on accepted clients: probes after this long without traffic, so a client that
+   * vanished without FIN or RST is found out (Go's 15 s). Whole seconds (the kernel's unit);
+   * 0 turns it off. The endpoint side is the dialer's (DirectDialer's keepAliveMs).
+   */
+  keepAliveMs?: number;
+  /** Close a connection after this long without a byte either way; 0 (the default) never does. */
+  idleTimeoutMs?: number;
+  /** The listen backlog; by default net.core.somaxconn, as Go does. */
+  backlog?: number;
 }
 
 /**
  * A proxied TCP service port (upstream tcpProxySocket): any number of listeners sharing one
- * balancer, dialer and stats. Each accepted client is spliced to one endpoint; bytes are copied
- * both ways with backpressure and half-close passed through.
+ * balancer, dialer and stats, and the connections they accepted. Each connection is a
+ * TcpConnection, which follows its client from accept() to the endpoint and to the end.
  */
 export class TcpProxySocket implements ProxySocket {
   readonly protocol = 'TCP' as const;
   readonly stats: ServicePortStats;
-  private readonly balancer: LoadBalancer;
-  private readonly dialer: Dialer;
   private readonly parentLog: Logger;
   private readonly name: string;
   private childLog: Logger | undefined;
-  private readonly dialTimeoutsMs: readonly number[];
+  private readonly keepAliveMs: number;
+  private readonly idleTimeoutMs: number;
+  private readonly backlog: number;
+  /** The next sweep time at which idle connections are looked for. */
+  private nextIdleCheckMs = -Infinity;
+  private readonly ctx: TcpConnectionContext;
   private readonly listeners = new Map<string, { server: Server; bound: BoundAddress }>();
-  private readonly conns = new Set<TcpConn>();
+  private readonly conns = new Set<TcpConnection>();
   private drainWaiters: (() => void)[] = [];
   private readonly fdWarnings = new RateLimiter(1000, systemClock.now);
 
   constructor(opts: TcpProxySocketOptions) {
     this.stats = opts.stats ?? new ServicePortStats();
-    this.balancer = opts.balancer;
-    this.dialer = opts.dialer;
     this.parentLog = opts.logger;
     this.name = opts.name;
-    this.dialTimeoutsMs = opts.dialTimeoutsMs ?? DEFAULT_DIAL_TIMEOUTS_MS;
+    this.keepAliveMs = opts.keepAliveMs ?? DEFAULT_TCP_KEEPALIVE_MS;
+    this.idleTimeoutMs = opts.idleTimeoutMs ?? 0;
+    this.backlog = opts.backlog ?? listenBacklog();
+    this.ctx = {
+      balancer: opts.balancer,
+      dialer: opts.dialer,
+      stats: this.stats,
+      dialTimeoutsMs: opts.dialTimeoutsMs ?? DEFAULT_DIAL_TIMEOUTS_MS,
+      log: () => this.log,
+      debugEnabled: () => this.parentLog.isLevelEnabled('debug'),
+      outOfDescriptors: (err) => this.warnOutOfDescriptors(err, 'dial'),
+      released: (conn) => this.released(conn),
+    };
   }
 
   /**
@@ -61,10 +85,6 @@ export class TcpProxySocket implements ProxySocket {
     return (this.childLog ??= this.parentLog.child({ component: 'tcp-proxy', service: this.name }));
   }
 
-  private debugEnabled(): boolean {
-    return this.parentLog.isLevelEnabled('debug');
-  }
-
   listen(addr: ListenAddress): Promise<BoundAddress> {
     // pauseOnConnect: nothing is read from the client until its endpoint is connected, so bytes wait
     // in the kernel during the dial instead of piling up in memory.
@@ -73,8 +93,9 @@ export class TcpProxySocket implements ProxySocket {
     return new Promise((resolve, reject) => {
       server.once('error', reject);
       // ipv6Only: a listener on :: must not also take the IPv4 port, which another listener may hold.
-      server.listen({ host: addr.host, port: addr.port, ipv6Only: addr.host.includes(':') }, () => {
+      server.listen({ host: addr.host, port: addr.port, ipv6Only: addr.host.includes(':'), backlog: this.backlog }, () => {
         server.off('error', reject);
+        this.keepAliveOnAccepted(server);
         // A fixed port on an IPv4 literal is bound as asked; only port 0 (or an IPv6 spelling) needs
         // the getsockname() round trip, which is a few percent of start-up at 10,000 service ports.
         const info = addr.port !== 0 && isIPv4(addr.host) ? undefined : (server.address() as AddressInfo);
@@ -84,6 +105,22 @@ export class TcpProxySocket implements ProxySocket {
         resolve(bound);
       });
     });
+  }
+
+  /**
+   * Keepalive for accepted clients, set once on the listening socket: Linux copies a listener's
+   * socket options (SO_KEEPALIVE and the TCP_KEEP* timings among them) to every socket accept()
+   * returns, with the keepalive timer running. Node's own keepAlive option would set them again on
+   * each accepted socket: four setsockopt() calls per connection, about 2 µs of CPU. Node offers no
+   * public call on a listening socket, hence its handle; a server without a TCP handle of its own
+   * (a cluster worker under round-robin scheduling) sets it on each accepted socket instead.
+   */
+  private keepAliveOnAccepted(server: Server): void {
+    if (this.keepAliveMs <= 0) return;
+    const handle = (server as unknown as { _handle?: { setKeepAlive?: (on: boolean, delaySeconds: number) => number } })._handle;
+    const seconds = Math.max(1, Math.floor(this.keepAliveMs / 1000));
+    if (typeof handle?.setKeepAlive === 'function' && handle.setKeepAlive(true, seconds) === 0) return;
+    server.prependListener('connection', (client: Socket) => client.setKeepAlive(true, seconds * 1000));
   }
 
   addresses(): BoundAddress[] {
@@ -114,173 +151,31 @@ export class TcpProxySocket implements ProxySocket {
   }
 
   destroyAll(): void {
-    for (const conn of this.conns) {
-      resetSocket(conn.client);
-      if (conn.upstream) resetSocket(conn.upstream);
-    }
+    for (const conn of this.conns) conn.destroy();
   }
 
-  sweep(_nowMs: number): void {
-    // Nothing idles out on TCP: connections end when their peers end them.
+  /**
+   * The idle limit: every tenth of it (and at least every 10 s), each connection compares its byte
+   * counters with the last look, so a connection is closed within a tenth past the limit. Nothing is done per read, and no timer is set per
+   * connection (the proxier's one coarse timer calls this).
+   */
+  sweep(nowMs: number): void {
+    if (this.idleTimeoutMs <= 0 || nowMs < this.nextIdleCheckMs) return;
+    this.nextIdleCheckMs = nowMs + Math.min(this.idleTimeoutMs / 10, 10_000);
+    for (const conn of this.conns) conn.sweepIdle(nowMs, this.idleTimeoutMs);
   }
 
   private accept(client: Socket): void {
     this.stats.accepted++;
-    // The client's address costs a getpeername(): asked only when a pick or a debug line uses it.
-    let clientIP = '';
-    if (this.balancer.usesClientIP || this.debugEnabled()) {
-      const ip = client.remoteAddress;
-      if (ip === undefined) {
-        client.destroy(); // the client left before we saw it
-        return;
-      }
-      clientIP = ip;
-    }
-    const conn: TcpConn = { client, clientIP, upstream: undefined, endpoint: undefined, dialing: false, holds: 1 };
-    this.conns.add(conn);
     this.stats.active++;
-    client.on('error', (err) => this.onSideError(conn, 'client', err));
-    // 'close' comes once; on() spares once()'s wrapper.
-    client.on('close', () => this.release(conn));
-    this.route(conn);
+    const conn = new TcpConnection(this.ctx, client);
+    this.conns.add(conn);
+    conn.start();
   }
 
-  /** Pick the first endpoint synchronously, so a port without endpoints resets before any I/O. */
-  private route(conn: TcpConn): void {
-    const endpoint = this.balancer.nextEndpoint(conn.clientIP, false);
-    if (endpoint === undefined) {
-      this.stats.noEndpointRejects++;
-      if (this.debugEnabled()) this.log.debug({ client: conn.clientIP }, 'no endpoints: resetting client');
-      resetSocket(conn.client);
-      return;
-    }
-    conn.dialing = true;
-    conn.holds++;
-    this.dial(conn, endpoint, 0);
-  }
-
-  /**
-   * Upstream tryConnect: one attempt per dial timeout, each after the first on an endpoint picked
-   * afresh with sessionAffinityReset, so a sticky client is not stuck on a dead endpoint. Plain
-   * promise callbacks rather than an async loop: this runs for every connection.
-   */
-  private dial(conn: TcpConn, endpoint: Endpoint, attempt: number): void {
-    this.stats.dialAttempts++;
-    const started = performance.now();
-    // The endpoint's bytes go to the client from its first read; splice() catches up on the rest.
-    const reads = readInto(conn.client);
-    let dialed: Promise<Socket>;
-    try {
-      dialed = this.dialer.dial(new ClientDial(conn.client, conn.clientIP, endpoint, this.dialTimeoutsMs[attempt] as number, reads));
-    } catch (err) {
-      dialed = Promise.reject(err instanceof Error ? err : new Error(String(err))); // a dialer that throws has failed like one that rejects
-    }
-    dialed.then(
-      (upstream) => {
-        this.stats.observeDialLatency((performance.now() - started) / 1000);
-        this.guard(conn, () => this.splice(conn, endpoint, upstream, reads));
-      },
-      (err: unknown) => this.guard(conn, () => this.retry(conn, endpoint, attempt, err)),
-    );
-  }
-
-  private retry(conn: TcpConn, failed: Endpoint, attempt: number, err: unknown): void {
-    this.onDialFailed(conn, failed, err);
-    // Another endpoint would fail the same way, and a client that is gone needs no endpoint.
-    const next = attempt + 1 < this.dialTimeoutsMs.length && !isOutOfDescriptors(err) && !conn.client.destroyed ? this.balancer.nextEndpoint(this.pickIP(conn), true) : undefined;
-    if (next === undefined) this.giveUp(conn);
-    else this.dial(conn, next, attempt + 1);
-  }
-
-  /**
-   * The client IP for a retry's pick: the Service may have turned ClientIP affinity on since the
-   * connection was accepted without looking its address up.
-   */
-  private pickIP(conn: TcpConn): string {
-    if (conn.clientIP !== '' || !this.balancer.usesClientIP) return conn.clientIP;
-    return conn.client.remoteAddress ?? '';
-  }
-
-  /** A throw in the dial path is a bug: it must not end the process, nor leave the client hanging. */
-  private guard(conn: TcpConn, step: () => void): void {
-    try {
-      step();
-    } catch (err) {
-      this.log.error({ err }, 'bug: dial loop failed');
-      resetSocket(conn.client);
-      this.endDial(conn);
-    }
-  }
-
-  private onDialFailed(conn: TcpConn, endpoint: Endpoint, err: unknown): void {
-    this.stats.dialFailures[dialFailureReason(err)]++;
-    // Every endpoint handed out is handed back, so a least-connections balancer keeps true counts.
-    this.balancer.release(endpoint);
-    if (isOutOfDescriptors(err)) this.warnOutOfDescriptors(err, 'dial');
-    else if (this.debugEnabled()) this.log.debug({ err, client: conn.clientIP, endpoint: endpoint.addr }, 'dial failed');
-  }
-
-  private giveUp(conn: TcpConn): void {
-    // A client cut while we dialed (destroyAll) was not turned away for want of an endpoint.
-    if (!conn.client.destroyed) this.stats.dialExhausted++;
-    if (this.debugEnabled()) this.log.debug({ client: conn.clientIP }, 'no endpoint could be dialed: resetting client');
-    resetSocket(conn.client);
-    this.endDial(conn);
-  }
-
-  private endDial(conn: TcpConn): void {
-    if (!conn.dialing) return;
-    conn.dialing = false;
-    this.release(conn);
-  }
-
-  /** Copy both ways; each side's end is passed on to the other, which passes half-close on. */
-  private splice(conn: TcpConn, endpoint: Endpoint, upstream: Socket, reads: EndpointReads): void {
-    conn.endpoint = endpoint;
-    conn.upstream = upstream;
-    conn.holds++; // the upstream socket, released on its 'close'
-    upstream.on('error', (err) => this.onSideError(conn, 'endpoint', err));
-    // A dialer that resolved late may hand over a socket that has closed meanwhile.
-    if (upstream.closed) queueMicrotask(() => this.release(conn));
-    else upstream.on('close', () => this.release(conn));
-    this.endDial(conn);
-    if (conn.client.destroyed) {
-      upstream.destroy(); // cut (destroyAll) or gone while we dialed
-      return;
-    }
-    if (upstream.destroyed && !upstream.readableEnded) {
-      // Failed after connecting, before the hand-over (its 'error' went to the dialer): as an
-      // error on the endpoint side, the client is reset rather than left waiting.
-      resetSocket(conn.client);
-      return;
-    }
-    if (this.debugEnabled()) this.log.debug({ client: conn.clientIP, endpoint: endpoint.addr }, 'connected');
-    relay(conn.client, upstream);
-    relayEnd(upstream, conn.client);
-    catchUp(upstream, conn.client, reads);
-  }
-
-  /**
-   * An error on one side ends the connection: the other side is reset rather than ended, so the
-   * peer cannot mistake a truncated stream for a complete one.
-   */
-  private onSideError(conn: TcpConn, side: 'client' | 'endpoint', err: Error): void {
-    if (this.debugEnabled()) this.log.debug({ err, client: conn.clientIP, endpoint: conn.endpoint?.addr, side }, 'connection error');
-    const other = side === 'client' ? conn.upstream : conn.client;
-    if (other) resetSocket(other);
-  }
-
-  private release(conn: TcpConn): void {
-    conn.holds--;
-    if (conn.holds > 0) return;
+  private released(conn: TcpConnection): void {
     this.conns.delete(conn);
     this.stats.active--;
-    this.stats.bytesToClient += conn.client.bytesWritten;
-    if (conn.upstream) this.stats.bytesToEndpoint += conn.upstream.bytesWritten;
-    if (conn.endpoint) this.balancer.release(conn.endpoint);
-    if (this.debugEnabled()) {
-      this.log.debug({ client: conn.clientIP, endpoint: conn.endpoint?.addr, toEndpoint: conn.upstream?.bytesWritten, toClient: conn.client.bytesWritten }, 'connection closed');
-    }
     if (this.conns.size === 0) this.notifyDrained();
   }
 
@@ -301,35 +196,5 @@ export class TcpProxySocket implements ProxySocket {
     const held = this.fdWarnings.take();
     if (held === undefined) return;
     this.log.warn({ err, during, suppressed: held }, 'out of file descriptors: connection dropped');
-  }
-}
-
-/**
- * One dial for one client. The addresses are read only if the dialer asks: each is a
- * getpeername() or getsockname(), and the direct dialer asks for none.
- */
-class ClientDial implements DialRequest {
-  constructor(
-    private readonly client: Socket,
-    private readonly clientIP: string,
-    readonly endpoint: Endpoint,
-    readonly timeoutMs: number,
-    readonly onread: OnReadOpts,
-  ) {}
-
-  get clientAddress(): string {
-    return this.clientIP || (this.client.remoteAddress ?? '');
-  }
-
-  get clientPort(): number {
-    return this.client.remotePort ?? 0;
-  }
-
-  get localAddress(): string {
-    return this.client.localAddress ?? '';
-  }
-
-  get localPort(): number {
-    return this.client.localPort ?? 0;
   }
 }

@@ -1,0 +1,425 @@
+import type { OnReadOpts, Socket } from 'node:net';
+import type { LoadBalancer } from '../../core/balancer/load-balancer.js';
+import type { Endpoint } from '../../core/model.js';
+import type { ServicePortStats } from '../../core/stats.js';
+import type { Logger } from '../../seams/logger.js';
+import type { Dialer, DialRequest } from '../../seams/dialer.js';
+import { dialFailureReason, isOutOfDescriptors } from './errno.js';
+
+/** What the connections of one service port share; built once by their TcpProxySocket. */
+export interface TcpConnectionContext {
+  readonly balancer: LoadBalancer;
+  readonly dialer: Dialer;
+  readonly stats: ServicePortStats;
+  /** One dial attempt per entry (upstream's endpointDialTimeout). */
+  readonly dialTimeoutsMs: readonly number[];
+  /** The service port's logger (made on first use). */
+  log(): Logger;
+  /** Asked before building a debug line: most connections log nothing. */
+  debugEnabled(): boolean;
+  /** A dial ran out of descriptors: warned about at a bounded rate. */
+  outOfDescriptors(err: unknown): void;
+  /** Both sockets are closed and the books are closed: forget the connection. */
+  released(conn: TcpConnection): void;
+}
+
+/**
+ * Where a connection is in its life. Every path ends in `closed`, and only there are the books
+ * closed, once: when no dial is in flight and each socket it owns has emitted 'close'.
+ *
+ * - `dialing`: an attempt is in flight. The client is paused (pauseOnConnect), its bytes wait in
+ *   the kernel. The endpoint socket belongs to the dialer, 'error' events included, yet its reads
+ *   already go to the client (onread): the endpoint may speak first. Whatever else it does before
+ *   the hand-over (a FIN, a read stopped by backpressure, a failure, a close) is read off the
+ *   socket at the hand-over, since no listener of ours was there to see it.
+ * - `relaying`: both sockets are the connection's. Bytes flow both ways; each direction ends when
+ *   its FIN is passed on (half-close); an error on one side resets the other.
+ * - `ending`: no relay will start (no endpoint, every dial failed, the client gone or cut before
+ *   the hand-over, a bug): the client has been reset, and the connection waits for the closes.
+ * - `closed`: released.
+ */
+export type TcpConnectionPhase = 'dialing' | 'relaying' | 'ending' | 'closed';
+
+/**
+ * One accepted client, from accept() to its endpoint and to the end (Envoy's tcp_proxy filter,
+ * upstream's per-connection goroutines): the first pick, the dial with its retries, the hand-over
+ * of the dialed socket, the relay both ways with backpressure and half-close, and the release.
+ *
+ * This runs for every connection: no timer, no promise chain beyond the dialer's own, no
+ * getpeername() unless a pick or a log line needs the address, and three listeners per direction.
+ */
+export class TcpConnection {
+  private phase: TcpConnectionPhase = 'dialing';
+  /**
+   * Kept from accept (the socket forgets its peer once closed) when the balancer or the debug log
+   * needs it; '' otherwise.
+   */
+  private clientIP = '';
+  /** The endpoint of the attempt in flight, then of the relay: handed back to the balancer once. */
+  private endpoint: Endpoint | undefined;
+  private upstream: Socket | undefined;
+  private attempt = 0;
+  private dialStartedMs = 0;
+  /**
+   * The endpoint-to-client read stopped because the client's buffer was full. The onread
+   * callback stops the read without pausing the stream, so only this can tell; the client's
+   * 'drain' starts it again (and the hand-over, when that 'drain' came before it).
+   */
+  private endpointReadStopped = false;
+  private clientClosed = false;
+  /** True while there is no endpoint socket: nothing to wait for. */
+  private upstreamClosed = true;
+  /** The half-closed directions: each FIN once passed on. */
+  private clientFinPassed = false;
+  private endpointFinPassed = false;
+  /** The idle sweep's last reading of the byte counters (-1: none yet) and since when it held. */
+  private idleMark = -1;
+  private idleSinceMs = 0;
+  private onread: OnReadOpts | undefined;
+
+  constructor(
+    private readonly ctx: TcpConnectionContext,
+    private readonly client: Socket,
+  ) {}
+
+  /**
+   * Start at accept. The first pick is synchronous, so a port without endpoints resets the client
+   * before any I/O. Precondition: the client was accepted paused (pauseOnConnect).
+   */
+  start(): void {
+    const { ctx, client } = this;
+    client.on('error', (err) => this.onClientError(err));
+    // 'close' comes once; on() spares once()'s wrapper.
+    client.on('close', () => this.onClientClose());
+    if (ctx.balancer.usesClientIP || ctx.debugEnabled()) {
+      const ip = client.remoteAddress;
+      if (ip === undefined) {
+        this.end(); // the client left before we saw it
+        return;
+      }
+      this.clientIP = ip;
+    }
+    const endpoint = ctx.balancer.nextEndpoint(this.clientIP, false);
+    if (endpoint === undefined) {
+      ctx.stats.noEndpointRejects++;
+      if (ctx.debugEnabled()) ctx.log().debug({ client: this.clientIP }, 'no endpoints: resetting client');
+      this.end();
+      return;
+    }
+    this.dial(endpoint);
+  }
+
+  /** Cut both sides with RST (the end of a shutdown grace period). */
+  destroy(): void {
+    resetSocket(this.client);
+    if (this.upstream) resetSocket(this.upstream);
+  }
+
+  /**
+   * The idle limit, from the one coarse sweep: a relayed connection whose byte counters have not
+   * moved for `idleTimeoutMs` is closed on both sides. Nothing is done per read: the counters are
+   * the sockets' own. Progress is a read on either side or a write the kernel took in full
+   * (bytesWritten counts a write when it is queued, writableLength until it completes), so a slow
+   * reader draining a backlog is not idle.
+   *
+   * The close is a plain one (FIN), as nginx's proxy_timeout and Envoy's idle_timeout do: the
+   * connections that idle longest are pooled keep-alive ones, whose clients recognise an orderly
+   * end before reusing them.
+   */
+  sweepIdle(nowMs: number, idleTimeoutMs: number): void {
+    if (this.phase !== 'relaying') return;
+    const c = this.client;
+    const u = this.upstream as Socket;
+    const mark = c.bytesRead + u.bytesRead + (c.bytesWritten - c.writableLength) + (u.bytesWritten - u.writableLength);
+    if (mark !== this.idleMark) {
+      this.idleMark = mark;
+      this.idleSinceMs = nowMs;
+      return;
+    }
+    if (nowMs - this.idleSinceMs < idleTimeoutMs) return;
+    if (this.ctx.debugEnabled()) this.ctx.log().debug({ client: this.clientIP, endpoint: this.endpoint?.addr, idleMs: nowMs - this.idleSinceMs }, 'idle: closing');
+    c.destroy();
+    u.destroy();
+  }
+
+  // --- dialing --------------------------------------------------------------------------------
+
+  /**
+   * Upstream tryConnect: one attempt per dial timeout, each after the first on an endpoint picked
+   * afresh with sessionAffinityReset, so a sticky client is not stuck on a dead endpoint. Plain
+   * promise callbacks rather than an async loop: this runs for every connection.
+   */
+  private dial(endpoint: Endpoint): void {
+    const { ctx } = this;
+    this.phase = 'dialing';
+    this.endpoint = endpoint;
+    this.endpointReadStopped = false;
+    ctx.stats.dialAttempts++;
+    this.dialStartedMs = performance.now();
+    // The endpoint's bytes go to the client from its first read, through one onread per connection.
+    this.onread ??= { buffer: sharedReadBuffer, callback: (bytes, buf) => this.fromEndpoint(bytes, buf) };
+    let dialed: Promise<Socket>;
+    try {
+      dialed = ctx.dialer.dial(new ClientDial(this.client, this.clientIP, endpoint, ctx.dialTimeoutsMs[this.attempt] as number, this.onread));
+    } catch (err) {
+      dialed = Promise.reject(err instanceof Error ? err : new Error(String(err))); // a dialer that throws has failed like one that rejects
+    }
+    dialed.then(
+      (upstream) => this.guard(() => this.handOver(upstream), upstream),
+      (err: unknown) => this.guard(() => this.dialFailed(err)),
+    );
+  }
+
+  private dialFailed(err: unknown): void {
+    const { ctx } = this;
+    const failed = this.endpoint as Endpoint;
+    this.endpoint = undefined;
+    ctx.stats.dialFailures[dialFailureReason(err)]++;
+    // Every endpoint handed out is handed back, so a least-connections balancer keeps true counts.
+    ctx.balancer.release(failed);
+    if (isOutOfDescriptors(err)) ctx.outOfDescriptors(err);
+    else if (ctx.debugEnabled()) ctx.log().debug({ err, client: this.clientIP, endpoint: failed.addr }, 'dial failed');
+    const next = this.mayRetry(err) ? ctx.balancer.nextEndpoint(this.pickIP(), true) : undefined;
+    if (next === undefined) {
+      this.giveUp();
+      return;
+    }
+    this.attempt++;
+    this.dial(next);
+  }
+
+  /**
+   * Not when the attempts are used up, nor when another endpoint would fail the same way (out of
+   * descriptors), nor for a client that is gone, nor for one that already got bytes from the
+   * failed endpoint (a dialer that let it speak before failing): another endpoint's bytes would
+   * follow them in one stream.
+   */
+  private mayRetry(err: unknown): boolean {
+    return this.attempt + 1 < this.ctx.dialTimeoutsMs.length && !isOutOfDescriptors(err) && !this.client.destroyed && this.client.bytesWritten === 0;
+  }
+
+  /**
+   * The client IP for a retry's pick: the Service may have turned ClientIP affinity on since the
+   * connection was accepted without looking its address up.
+   */
+  private pickIP(): string {
+    if (this.clientIP !== '' || !this.ctx.balancer.usesClientIP) return this.clientIP;
+    return this.client.remoteAddress ?? '';
+  }
+
+  private giveUp(): void {
+    const { ctx } = this;
+    // A client cut while we dialed (destroyAll) was not turned away for want of an endpoint.
+    if (!this.client.destroyed) ctx.stats.dialExhausted++;
+    if (ctx.debugEnabled()) ctx.log().debug({ client: this.clientIP }, 'no endpoint could be dialed: resetting client');
+    this.end();
+  }
+
+  /** No relay will start: reset the client and wait for the closes. */
+  private end(): void {
+    this.phase = 'ending';
+    resetSocket(this.client);
+    this.settle();
+  }
+
+  /** A throw in the dial path is a bug: it must not end the process, nor leave the client hanging. */
+  private guard(step: () => void, upstream?: Socket): void {
+    try {
+      step();
+    } catch (err) {
+      this.ctx.log().error({ err }, 'bug: dial loop failed');
+      upstream?.destroy();
+      if (this.phase === 'dialing') this.end();
+      else this.destroy();
+    }
+  }
+
+  // --- the hand-over: dialing -> relaying -------------------------------------------------------
+
+  /**
+   * The dialer resolved: the socket is the connection's from here. With the direct dialer nothing
+   * can have happened to it yet (it resolves on 'connect', before any read); a dialer that writes
+   * a header or tunnels may resolve later, so the relay starts from whatever state the socket is in.
+   */
+  private handOver(upstream: Socket): void {
+    const { ctx, client } = this;
+    ctx.stats.observeDialLatency((performance.now() - this.dialStartedMs) / 1000);
+    this.upstream = upstream;
+    upstream.on('error', (err) => this.onEndpointError(err));
+    // Closed meanwhile: its 'close' was the dialer's to see.
+    this.upstreamClosed = upstream.closed;
+    if (!upstream.closed) upstream.on('close', () => this.onUpstreamClose());
+    if (client.destroyed) {
+      // Cut (destroyAll) or gone while we dialed.
+      this.phase = 'ending';
+      upstream.destroy();
+      this.settle();
+      return;
+    }
+    if (upstream.destroyed && !upstream.readableEnded) {
+      // Failed after connecting, its 'error' taken by the dialer: as an error on the endpoint side,
+      // the client is reset rather than left waiting.
+      this.end();
+      return;
+    }
+    this.phase = 'relaying';
+    if (ctx.debugEnabled()) ctx.log().debug({ client: this.clientIP, endpoint: this.endpoint?.addr }, 'connected');
+    // Client to endpoint: 'data', with backpressure through pause() and the endpoint's 'drain'.
+    client.on('data', (chunk: Buffer) => {
+      if (!upstream.write(chunk)) client.pause();
+    });
+    upstream.on('drain', () => client.resume());
+    client.on('end', () => this.onClientEnd());
+    client.resume();
+    // Endpoint to client: the reads already reach the client (fromEndpoint); what is left is the
+    // other half of backpressure and the FIN, each caught up with if it came before the hand-over.
+    client.on('drain', () => upstream.resume());
+    upstream.on('end', () => this.onEndpointEnd());
+    if (upstream.readableEnded) this.onEndpointEnd();
+    else if (this.endpointReadStopped && !client.writableNeedDrain) upstream.resume();
+  }
+
+  // --- relaying ---------------------------------------------------------------------------------
+
+  /**
+   * net.connect's `onread`: a read lands in the shared buffer and is written on. Returning false,
+   * when the client buffers past its high-water mark, makes Node stop reading until the client's
+   * 'drain' resumes it.
+   */
+  private fromEndpoint(bytes: number, buf: Uint8Array): boolean {
+    const chunk = Buffer.allocUnsafe(bytes); // from Node's pool when small
+    chunk.set(bytes === buf.length ? buf : buf.subarray(0, bytes));
+    if (this.client.write(chunk)) return true;
+    this.endpointReadStopped = true;
+    return false;
+  }
+
+  private onClientEnd(): void {
+    this.clientFinPassed = true;
+    passEnd(this.upstream as Socket);
+  }
+
+  private onEndpointEnd(): void {
+    this.endpointFinPassed = true;
+    passEnd(this.client);
+  }
+
+  /**
+   * An error on one side ends the connection: the other side is reset rather than ended, so the
+   * peer cannot mistake a truncated stream for a complete one. While dialing there is no other
+   * side yet: the dial's outcome finds the client destroyed.
+   */
+  private onClientError(err: Error): void {
+    if (this.ctx.debugEnabled()) this.logError(err, 'client');
+    if (this.upstream) resetSocket(this.upstream);
+  }
+
+  private onEndpointError(err: Error): void {
+    if (this.ctx.debugEnabled()) this.logError(err, 'endpoint');
+    resetSocket(this.client);
+  }
+
+  private logError(err: Error, side: 'client' | 'endpoint'): void {
+    this.ctx.log().debug({ err, client: this.clientIP, endpoint: this.endpoint?.addr, side }, 'connection error');
+  }
+
+  // --- release ----------------------------------------------------------------------------------
+
+  private onClientClose(): void {
+    this.clientClosed = true;
+    this.settle();
+  }
+
+  private onUpstreamClose(): void {
+    this.upstreamClosed = true;
+    this.settle();
+  }
+
+  /** Close the books once no dial is in flight and every descriptor is gone. */
+  private settle(): void {
+    if (this.phase === 'dialing' || this.phase === 'closed' || !this.clientClosed || !this.upstreamClosed) return;
+    this.phase = 'closed';
+    const { ctx, client, upstream, endpoint } = this;
+    ctx.stats.bytesToClient += client.bytesWritten;
+    if (upstream) ctx.stats.bytesToEndpoint += upstream.bytesWritten;
+    if (endpoint) ctx.balancer.release(endpoint);
+    if (ctx.debugEnabled()) {
+      const halfClosed = { byClient: this.clientFinPassed, byEndpoint: this.endpointFinPassed };
+      ctx.log().debug({ client: this.clientIP, endpoint: endpoint?.addr, toEndpoint: upstream?.bytesWritten, toClient: client.bytesWritten, fin: halfClosed }, 'connection closed');
+    }
+    ctx.released(this);
+  }
+}
+
+/**
+ * One dial for one client. The addresses are read only if the dialer asks: each is a
+ * getpeername() or getsockname(), and the direct dialer asks for none.
+ */
+class ClientDial implements DialRequest {
+  constructor(
+    private readonly client: Socket,
+    private readonly clientIP: string,
+    readonly endpoint: Endpoint,
+    readonly timeoutMs: number,
+    readonly onread: OnReadOpts,
+  ) {}
+
+  get clientAddress(): string {
+    return this.clientIP || (this.client.remoteAddress ?? '');
+  }
+
+  get clientPort(): number {
+    return this.client.remotePort ?? 0;
+  }
+
+  get localAddress(): string {
+    return this.client.localAddress ?? '';
+  }
+
+  get localPort(): number {
+    return this.client.localPort ?? 0;
+  }
+}
+
+/**
+ * The one buffer every endpoint socket of the process reads into. Node's default read path
+ * allocates a 64 KiB buffer per read, wraps it in a stream chunk and emits 'data'; here a read lands
+ * in memory that is always there and goes straight to the write. It is shared, so the bytes are
+ * copied out before they are written on: a write that does not complete at once keeps a reference
+ * to what it was given, and the next read, on any connection, would overwrite them. (A buffer per
+ * connection would spare the copy but cost 64 KiB for every idle connection.)
+ */
+const sharedReadBuffer = new Uint8Array(64 * 1024);
+
+/**
+ * Pass a FIN on. When `to`'s own peer has already ended and nothing waits to be written, both
+ * directions are done: closing the socket sends the FIN itself, which spares a shutdown() and the
+ * stream's finish round (the second FIN of every short connection). Otherwise end() half-closes.
+ *
+ * Both FINs often arrive in the same poll round (a reply ends the endpoint's side, and the client
+ * closes as soon as it has read it), but 'end' is emitted per socket as each read is handled:
+ * when `to` has not ended yet, the choice waits for the end of the round (setImmediate), by which
+ * time every read of the round has been handled.
+ */
+function passEnd(to: Socket): void {
+  if (to.readableEnded) endOrClose(to);
+  else setImmediate(endOrClose, to);
+}
+
+function endOrClose(to: Socket): void {
+  if (to.destroyed) return;
+  if (to.readableEnded && to.writableLength === 0) to.destroy();
+  else to.end();
+}
+
+/**
+ * Close with RST (SO_LINGER 0) so the peer sees ECONNRESET, not a clean end. Falls back to a
+ * plain destroy for sockets without a TCP handle (a dialer may hand back a tunnelled stream).
+ */
+function resetSocket(socket: Socket): void {
+  try {
+    socket.resetAndDestroy();
+  } catch {
+    socket.destroy();
+  }
+}

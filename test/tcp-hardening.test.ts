@@ -1,0 +1,194 @@
+import { execFileSync } from 'node:child_process';
+import { readFileSync } from 'node:fs';
+import { connect, type Socket } from 'node:net';
+import { afterEach, describe, expect, it } from 'vitest';
+import type { LoadBalancer } from '../src/core/balancer/load-balancer.js';
+import { DirectDialer } from '../src/io/net/direct-dialer.js';
+import { backlogFromSomaxconn } from '../src/io/net/listen-backlog.js';
+import { TcpProxySocket, type TcpProxySocketOptions } from '../src/io/net/tcp-proxy.js';
+import { FakeBalancer } from './helpers/fake-balancer.js';
+import { captureLogger, connectTo, tcpBackend, waitUntil, withDeadline } from './helpers/proxy-fixtures.js';
+
+const LO = '127.0.0.1';
+
+const cleanups: (() => unknown)[] = [];
+afterEach(async () => {
+  for (const fn of cleanups.splice(0).reverse()) await fn();
+});
+
+async function backend(): ReturnType<typeof tcpBackend> {
+  const b = await tcpBackend();
+  cleanups.push(() => b.close());
+  return b;
+}
+
+async function proxyFor(balancer: LoadBalancer, opts: Partial<TcpProxySocketOptions> = {}): Promise<{ proxy: TcpProxySocket; port: number }> {
+  const { logger } = captureLogger('warn');
+  const proxy = new TcpProxySocket({ name: 'default/web:http', balancer, dialer: new DirectDialer(), logger, ...opts });
+  cleanups.push(async () => {
+    proxy.destroyAll();
+    await proxy.close();
+  });
+  const { port } = await proxy.listen({ host: LO, port: 0 });
+  return { proxy, port };
+}
+
+async function connected(port: number): ReturnType<typeof connectTo> {
+  const conn = await connectTo(port);
+  cleanups.push(() => conn.socket.destroy());
+  return conn;
+}
+
+/** One IPv4 TCP socket of this network namespace, as /proc/net/tcp lists it. */
+interface TcpRow {
+  localPort: number;
+  remotePort: number;
+  /** 01 = ESTABLISHED. */
+  state: string;
+  /** The pending timer: 0 none, 1 retransmit, 2 keepalive, 3 TIME_WAIT, 4 zero-window probe. */
+  timer: number;
+  /** When it fires, in USER_HZ ticks (1/100 s) from now. */
+  ticks: number;
+}
+
+function tcpRows(): TcpRow[] {
+  const port = (addr: string): number => parseInt(addr.split(':')[1] as string, 16);
+  return readFileSync('/proc/net/tcp', 'utf8')
+    .split('\n')
+    .slice(1)
+    .filter((l) => l.trim() !== '')
+    .map((line) => {
+      const f = line.trim().split(/\s+/);
+      const [timer, ticks] = (f[5] as string).split(':');
+      return { localPort: port(f[1] as string), remotePort: port(f[2] as string), state: f[3] as string, timer: parseInt(timer as string, 16), ticks: parseInt(ticks as string, 16) };
+    });
+}
+
+/**
+ * The proxy's two sockets of one connection: the accepted one (its local port the proxy's, its
+ * peer the client's) and the dialed one (its peer the backend's), plus the test client's own.
+ */
+function legs(proxyPort: number, client: Socket, backendPort: number): { accepted?: TcpRow; dialed?: TcpRow; client?: TcpRow } {
+  const rows = tcpRows().filter((r) => r.state === '01');
+  const accepted = rows.find((r) => r.localPort === proxyPort && r.remotePort === client.localPort);
+  const dialed = rows.find((r) => r.remotePort === backendPort);
+  const own = rows.find((r) => r.localPort === client.localPort && r.remotePort === proxyPort);
+  return { ...(accepted ? { accepted } : {}), ...(dialed ? { dialed } : {}), ...(own ? { client: own } : {}) };
+}
+
+describe('TCP keepalive on both legs', () => {
+  it('runs the keepalive timer on the accepted and the dialed socket, with the delay asked for', async () => {
+    const echo = await backend();
+    const { port } = await proxyFor(FakeBalancer.of([echo.port]), { keepAliveMs: 7000, dialer: new DirectDialer({ keepAliveMs: 7000 }) });
+    const { socket, got } = await connected(port);
+    socket.write('x');
+    await got.until(1);
+    // Once every byte is acknowledged, the timer the kernel runs on an idle socket is keepalive's.
+    let seen = legs(port, socket, echo.port);
+    await waitUntil(() => {
+      seen = legs(port, socket, echo.port);
+      return seen.accepted?.timer === 2 && seen.dialed?.timer === 2;
+    }, `keepalive timers on both proxy sockets (saw ${JSON.stringify(seen)})`);
+    for (const leg of [seen.accepted, seen.dialed]) {
+      expect(leg?.ticks).toBeGreaterThan(0);
+      expect(leg?.ticks).toBeLessThanOrEqual(700); // 7 s, not the kernel's default of two hours
+    }
+    // The control: the test's own client socket was not asked for keepalive, and runs no timer.
+    expect(seen.client?.timer).toBe(0);
+  });
+
+  it('is off on both legs with 0', async () => {
+    const echo = await backend();
+    const { port } = await proxyFor(FakeBalancer.of([echo.port]), { keepAliveMs: 0, dialer: new DirectDialer({ keepAliveMs: 0 }) });
+    const { socket, got } = await connected(port);
+    socket.write('x');
+    await got.until(1);
+    let seen = legs(port, socket, echo.port);
+    await waitUntil(() => {
+      seen = legs(port, socket, echo.port);
+      return seen.accepted?.timer === 0 && seen.dialed?.timer === 0;
+    }, `no timer on either proxy socket (saw ${JSON.stringify(seen)})`);
+  });
+});
+
+describe('TCP idle limit', () => {
+  it('closes, at the sweep, a connection without a byte either way for the limit, and not a busy one', async () => {
+    const echo = await backend();
+    const { proxy, port } = await proxyFor(FakeBalancer.of([echo.port]), { idleTimeoutMs: 1000 });
+    const idle = await connected(port);
+    const busy = await connected(port);
+    idle.socket.write('a');
+    busy.socket.write('b');
+    await idle.got.until(1);
+    await busy.got.until(1);
+
+    proxy.sweep(10_000); // the first look
+    busy.socket.write('c');
+    await busy.got.until(2);
+    proxy.sweep(11_000); // a second later: only the busy connection moved
+    expect((await withDeadline(idle.got.ended, 5000, 'the idle connection to be closed')).toString()).toBe('a');
+    await waitUntil(() => proxy.active() === 1, 'the idle connection to be released');
+
+    busy.socket.write('d');
+    await busy.got.until(3);
+    proxy.sweep(11_500);
+    proxy.sweep(12_400); // quiet for 900 ms only
+    expect(proxy.active()).toBe(1);
+    proxy.sweep(12_500);
+    expect((await withDeadline(busy.got.ended, 5000, 'the busy connection, once idle, to be closed')).toString()).toBe('bcd');
+    await withDeadline(proxy.drained(), 5000, 'the proxy to drain');
+    await waitUntil(() => echo.open.size === 0, 'the endpoint side to be closed');
+  });
+
+  it('never closes anything by default', async () => {
+    const echo = await backend();
+    const { proxy, port } = await proxyFor(FakeBalancer.of([echo.port]));
+    const { socket, got } = await connected(port);
+    socket.write('a');
+    await got.until(1);
+    proxy.sweep(0);
+    proxy.sweep(1e12);
+    socket.write('b');
+    await got.until(2);
+    expect(proxy.active()).toBe(1);
+  });
+});
+
+describe('the accept backlog', () => {
+  const somaxconn = Number(readFileSync('/proc/sys/net/core/somaxconn', 'utf8').trim());
+
+  /** Recv-Q (connections waiting for accept()) and Send-Q (the backlog) of a listening socket, from ss. */
+  function listenQueues(port: number): { queued: number; backlog: number } {
+    const out = execFileSync('ss', ['-Hltn', `sport = :${port}`], { encoding: 'utf8' }).trim();
+    const [, queued, backlog] = out.split(/\s+/);
+    return { queued: Number(queued), backlog: Number(backlog) };
+  }
+
+  it('is net.core.somaxconn, as the kernel reports it for the listener', async () => {
+    const { port } = await proxyFor(new FakeBalancer([]));
+    expect(listenQueues(port).backlog).toBe(somaxconn);
+  });
+
+  it('holds a burst of 1,000 connections made before the proxy could accept one', async () => {
+    if (somaxconn < 1000) return; // this host caps every backlog below the burst
+    const { proxy, port } = await proxyFor(new FakeBalancer([]));
+    const clients: Socket[] = [];
+    cleanups.push(() => clients.forEach((s) => s.destroy()));
+    for (let i = 0; i < 1000; i++) clients.push(connect({ port, host: LO }).on('error', () => {}));
+    // net.connect() calls connect() on the next tick; a tick queued after theirs runs before the
+    // event loop can accept. Loopback handshakes complete within connect(), so every connection
+    // is in the accept queue by then, or was dropped for want of room (and would be retried a
+    // second later by its SYN's retransmission).
+    const { queued } = await new Promise<{ queued: number }>((resolve) => process.nextTick(() => resolve(listenQueues(port))));
+    expect(queued).toBe(1000);
+    await waitUntil(() => proxy.stats.accepted === 1000, 'every connection to be accepted');
+  });
+
+  it('falls back to 4096 when somaxconn cannot be read', () => {
+    expect(backlogFromSomaxconn('4096\n')).toBe(4096);
+    expect(backlogFromSomaxconn('65535\n')).toBe(65535);
+    expect(backlogFromSomaxconn(undefined)).toBe(4096);
+    expect(backlogFromSomaxconn('0\n')).toBe(4096);
+    expect(backlogFromSomaxconn('junk')).toBe(4096);
+  });
+});
