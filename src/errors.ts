@@ -6,6 +6,7 @@ export type ProxyErrorCode =
   | 'USAGE' // a bad flag or config value: print one line, exit 2
   | 'INVALID_OBJECT' // a Kubernetes object failed validation
   | 'PARSE' // a state or config file did not parse
+  | 'TOO_LARGE' // a state file larger than the proxy reads
   | 'PORT_RANGE_EXHAUSTED'
   | 'PORT_IN_USE'
   | 'PORT_PRIVILEGED'
