@@ -1,11 +1,13 @@
-import { mkdtemp, mkdir, rename, rm, writeFile } from 'node:fs/promises';
-import { readFileSync } from 'node:fs';
+import { mkdtemp, mkdir, rename, rm, symlink, writeFile } from 'node:fs/promises';
+import { appendFileSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, it, expect } from 'vitest';
 import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
-import { FileSource } from '../src/io/kube/file-source.js';
+import { FileSource, readStateFile, type FileSourceOptions } from '../src/io/kube/file-source.js';
+import { StateCache } from '../src/core/state-cache.js';
 import type { StateSink } from '../src/seams/state-sink.js';
+import { problemString, type ObjectProblem } from '../src/core/model.js';
 import type { NodeInfo } from '../src/core/model.js';
 import { createLogger } from '../src/log.js';
 import { waitFor } from './helpers/net.js';
@@ -95,14 +97,27 @@ const state = (...names: string[]): string =>
 const sources: FileSource[] = [];
 const dirs: string[] = [];
 
-async function setup(opts: { pollIntervalMs?: number; debounceMs?: number; subdir?: string; initial?: string } = {}) {
+type SetupOptions = { pollIntervalMs?: number; debounceMs?: number; subdir?: string; initial?: string; name?: string } & Partial<
+  Pick<FileSourceOptions, 'maxBytes' | 'readFile' | 'logger'>
+>;
+
+async function setup(opts: SetupOptions = {}) {
   const dir = await mkdtemp(join(tmpdir(), 'kup-file-source-'));
   dirs.push(dir);
   const stateDir = opts.subdir ? join(dir, opts.subdir) : dir;
-  const path = join(stateDir, 'state.json');
+  const path = join(stateDir, opts.name ?? 'state.json');
   if (opts.initial !== undefined) await writeFile(path, opts.initial);
-  const { logger, lines } = captureLogger();
-  const source = new FileSource({ path, logger, debounceMs: opts.debounceMs ?? 20, pollIntervalMs: opts.pollIntervalMs ?? 100 });
+  const captured = captureLogger();
+  const logger = opts.logger ?? captured.logger;
+  const lines = captured.lines;
+  const source = new FileSource({
+    path,
+    logger,
+    debounceMs: opts.debounceMs ?? 20,
+    pollIntervalMs: opts.pollIntervalMs ?? 100,
+    ...(opts.maxBytes !== undefined ? { maxBytes: opts.maxBytes } : {}),
+    ...(opts.readFile !== undefined ? { readFile: opts.readFile } : {}),
+  });
   sources.push(source);
   const sink = new RecordingSink();
   return { dir, stateDir, path, source, sink, lines };
@@ -262,6 +277,191 @@ describe('FileSource', () => {
     writing = false;
     await churn;
     expect(atSynced).toBe(1);
+  });
+
+  it('refuses a file that parses but holds no Service or EndpointSlice, and keeps the last good state', async () => {
+    const { path, source, sink, lines } = await setup({ initial: state('web') });
+    await source.start(sink);
+    const nothing = ['{}', '[]', '"x"', '42', 'null', '{"kind":"Servic"}', '---\n', '# all commented out\n'];
+    for (const [i, text] of nothing.entries()) {
+      await writeFile(path, text);
+      await waitFor(() => lines.filter((l) => l.level >= ERROR).length === i + 1, `${text} to be refused`);
+      expect(sink.applied).toHaveLength(1);
+    }
+    const errors = lines.filter((l) => l.level >= ERROR);
+    expect(errors.every((l) => l.file === path && l.msg.startsWith(`${path}: holds no Service or EndpointSlice`) && l.msg.includes('keeping the last good state'))).toBe(true);
+    expect(errors[5]?.msg).toContain('(Servic default/<unnamed>: kind: "Servic" ignored: only Service and EndpointSlice are read)');
+    // Objects, but none of them valid: the same.
+    await writeFile(path, list([service({ name: 'bad', ports: [{ name: 'http', port: 0 }] })]));
+    await waitFor(() => lines.some((l) => l.msg.includes('holds no valid Service or EndpointSlice (Service default/bad: spec.ports[0].port:')), 'invalid objects to be refused');
+    // An empty List is the way to say "no Services".
+    await writeFile(path, '{"apiVersion":"v1","kind":"List","items":[]}');
+    await waitFor(() => sink.applied.length === 2, 'the empty List to be applied');
+    expect(sink.last()).toEqual({ services: [], slices: [] });
+  });
+
+  it('keeps the last good state over an empty file, and says so once', async () => {
+    const { path, source, sink, lines } = await setup({ initial: state('web') });
+    await source.start(sink);
+    await writeFile(path, '');
+    await waitFor(() => lines.some((l) => l.msg.includes('state file is empty')), 'the empty file to be reported');
+    await writeFile(path, '  \n');
+    await writeFile(path, state('api'));
+    await waitFor(() => sink.last()?.services[0] === 'api', 'the rewrite to be applied');
+    expect(sink.applied.map((a) => a.services)).toEqual([['web'], ['api']]);
+    expect(lines.filter((l) => l.msg.includes('state file is empty'))).toHaveLength(1);
+    expect(lines.find((l) => l.msg.includes('state file is empty'))?.level).toBe(40);
+  });
+
+  it('applies the other objects of a file while one nests past the stack, edit after edit', async () => {
+    const problems: ObjectProblem[] = [];
+    const cache = new StateCache({ onProblem: (p) => problems.push(p) });
+    const deep = `${'{"a":'.repeat(100_000)}1${'}'.repeat(100_000)}`;
+    const text = (port: number, ip: string): string =>
+      list([
+        service({ name: 'web', ports: [{ name: 'http', port: 80 }] }),
+        endpointSlice({ service: 'web', ports: [{ name: 'http', port: 8080 }], endpoints: [{ ip }] }),
+        service({ name: 'deep', ports: [{ name: 'http', port }] }),
+      ]).replace('"name": "deep"', `"name": "deep", "annotations": {"x": ${deep}}`);
+    const { path, source, lines } = await setup({ initial: text(80, '10.0.0.1') });
+    await source.start(cache);
+    for (const [port, ip] of [[81, '10.0.0.2'], [82, '10.0.0.3']] as const) {
+      await writeFile(path, text(port, ip));
+      await waitFor(() => cache.slicesFor('default/web')[0]?.endpoints[0]?.addresses[0] === ip, `the edit to ${ip} to be applied`);
+    }
+    expect(cache.serviceKeys()).toEqual(['default/web']);
+    expect(lines.filter((l) => l.level >= ERROR)).toEqual([]);
+    expect(problems.map(problemString)).toEqual(['Service default/deep: metadata.annotations.x.a.a.a…: nested more than 100 levels deep']);
+  });
+
+  it('reads only for events about the state file, not for its own log file beside it', async () => {
+    // The proxy logging at debug into the state file's directory: each read logs a line, and a
+    // read for every event in the directory would keep YAML from ever being quiet long enough.
+    const logDir = await mkdtemp(join(tmpdir(), 'kup-file-source-log-'));
+    dirs.push(logDir);
+    let logFile = join(logDir, 'proxy.log');
+    const lines: LogLine[] = [];
+    const logger = createLogger('debug', {
+      write: (s: string) => {
+        lines.push(JSON.parse(s) as LogLine);
+        appendFileSync(logFile, s);
+      },
+    });
+    let reads = 0;
+    const yaml = (n: string): string => `apiVersion: v1\nkind: Service\nmetadata: {name: ${n}}\nspec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}\n`;
+    const { dir, path, source, sink } = await setup({
+      name: 'state.yaml',
+      initial: yaml('a'),
+      debounceMs: 100,
+      logger,
+      readFile: (p, max) => {
+        reads++;
+        return readStateFile(p, max);
+      },
+    });
+    logFile = join(dir, 'proxy.log');
+    await source.start(sink);
+    await writeFile(path, yaml('b'));
+    await waitFor(() => sink.last()?.services[0] === 'b', 'the edit to be applied', 3000);
+    expect(lines.filter((l) => l.level >= ERROR)).toEqual([]);
+    expect(reads).toBeLessThan(10);
+  });
+
+  it('follows a ConfigMap volume: the file a symlink through ..data, updated by swapping ..data', async () => {
+    const { dir, path, source, sink } = await setup({ pollIntervalMs: 60_000 });
+    const version = async (v: string, text: string): Promise<void> => {
+      await mkdir(join(dir, `..${v}`));
+      await writeFile(join(dir, `..${v}`, 'state.json'), text);
+      await symlink(`..${v}`, join(dir, '..data_tmp'));
+      await rename(join(dir, '..data_tmp'), join(dir, '..data'));
+    };
+    await version('v1', state('web'));
+    await symlink('..data/state.json', path);
+    await source.start(sink);
+    expect(sink.last()?.services).toEqual(['web']);
+    await version('v2', state('api'));
+    await waitFor(() => sink.last()?.services[0] === 'api', 'the swapped ..data to be applied');
+  });
+
+  it('refuses a file over maxBytes once, keeping the last good state, and reads it again once it shrinks', async () => {
+    const { path, source, sink, lines } = await setup({ initial: state('web'), maxBytes: 4096 });
+    await source.start(sink);
+    const big = state(...Array.from({ length: 20 }, (_, i) => `s${i}`));
+    expect(big.length).toBeGreaterThan(4096);
+    await writeFile(path, big);
+    await waitFor(() => lines.some((l) => l.level >= ERROR), 'the oversize file to be reported');
+    await writeFile(path, `${big}\n`);
+    await writeFile(path, state('api'));
+    await waitFor(() => sink.last()?.services[0] === 'api', 'the smaller file to be applied');
+    const errors = lines.filter((l) => l.level >= ERROR);
+    expect(errors.map((l) => l.msg)).toEqual([`${path}: state file is ${big.length} bytes, more than the 4096 read; keeping the last good state`]);
+    expect(sink.applied.map((a) => a.services)).toEqual([['web'], ['api']]);
+  });
+
+  it('retries a read that failed for want of descriptors until the edit is applied', async () => {
+    let failures = 0;
+    const readFile = (p: string, max: number): Promise<Buffer> => {
+      if (failures > 0) {
+        failures--;
+        return Promise.reject(Object.assign(new Error(`EMFILE: too many open files, open '${p}'`), { code: 'EMFILE' }));
+      }
+      return readStateFile(p, max);
+    };
+    const { path, source, sink, lines } = await setup({ initial: state('web'), readFile, pollIntervalMs: 60_000 });
+    await source.start(sink);
+    failures = 3;
+    await writeFile(path, state('api'));
+    await waitFor(() => sink.last()?.services[0] === 'api', 'the edit to be applied after the failed reads');
+    expect(failures).toBe(0);
+    const errors = lines.filter((l) => l.level >= ERROR);
+    expect(errors).toHaveLength(1);
+    expect(errors[0]?.msg).toBe(`${path}: cannot read the state file; keeping the last good state and trying again`);
+    expect(errors[0]?.err?.code).toBe('EMFILE');
+  });
+
+  it('quotes at most the faulty line of a symlinked file in a parse error', async () => {
+    const { dir, path, source, sink, lines } = await setup({ name: 'state.yaml', pollIntervalMs: 50 });
+    await mkdir(join(dir, 'secret'));
+    const target = join(dir, 'secret', 'data.yaml');
+    const yaml = (tail: string): string => `apiVersion: v1\nkind: Service\nmetadata:\n  name: web\n  annotations: {token: s3cr3t-1}\n${tail}spec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}\nextra: s3cr3t-2\n`;
+    await writeFile(target, yaml(''));
+    await symlink(target, path);
+    await source.start(sink);
+    expect(sink.last()?.services).toEqual(['web']);
+    await writeFile(target, yaml('   broken: indent\n'));
+    await waitFor(() => lines.some((l) => l.level >= ERROR), 'the parse error to be logged');
+    const errors = lines.filter((l) => l.level >= ERROR);
+    expect(errors[0]?.msg).toBe(`${path}:6:4: invalid YAML: bad indentation of a mapping entry; the line reads "   broken: indent"; keeping the last good state`);
+    expect(JSON.stringify(lines)).not.toContain('s3cr3t');
+  });
+
+  it('applies the rest of an edit when the sink throws on one object', async () => {
+    class ThrowingSink extends RecordingSink {
+      readonly ports = new Map<string, number | undefined>();
+      override upsertService(obj: V1Service): void {
+        if (obj.metadata?.name === 'boom') throw new Error('sink bug');
+        this.ports.set(obj.metadata?.name ?? '', obj.spec?.ports?.[0]?.port);
+        super.upsertService(obj);
+      }
+    }
+    const svcs = (port: number): string => list(['boom', 'web'].map((n) => service({ name: n, ports: [{ name: 'http', port }] })));
+    const { path, source, lines } = await setup({ initial: svcs(80) });
+    const sink = new ThrowingSink();
+    await source.start(sink);
+    await writeFile(path, svcs(81));
+    await waitFor(() => lines.some((l) => l.level >= ERROR), 'the failure to be logged');
+    expect(sink.ports.get('web')).toBe(81);
+    expect(lines.filter((l) => l.level >= ERROR).map((l) => [l.msg, l.err?.message])).toEqual([['applying the state file failed', 'sink bug']]);
+  });
+
+  it('logs at most 20 ignored objects of one read one by one, and counts the rest', async () => {
+    const configMaps = Array.from({ length: 500 }, (_, i) => ({ apiVersion: 'v1', kind: 'ConfigMap', metadata: { name: `cm${i}` } }));
+    const { source, sink, lines } = await setup({ initial: list([service({ name: 'web', ports: [{ name: 'http', port: 80 }] }), ...configMaps]) });
+    await source.start(sink);
+    expect(sink.last()?.services).toEqual(['web']);
+    const warnings = lines.filter((l) => l.level === 40);
+    expect(warnings).toHaveLength(21);
+    expect(warnings[20]?.msg).toMatch(/: 480 more objects ignored \(not logged one by one\)$/);
   });
 
   it('stops watching on stop()', async () => {

@@ -1,7 +1,8 @@
 import { readFileSync } from 'node:fs';
 import { describe, it, expect } from 'vitest';
 import { dump } from 'js-yaml';
-import { parseManifest } from '../src/io/kube/manifest.js';
+import { stdSerializers } from 'pino';
+import { holdsOf, parseDocuments, parseManifest, manifestOf } from '../src/io/kube/manifest.js';
 import { ProxyError } from '../src/core/errors.js';
 import { list } from './helpers/objects.js';
 
@@ -168,6 +169,86 @@ just a string
     const truncated = catchError(() => parseManifest('{\n  "kind": "List",\n  "items": [\n', 'cut.json'));
     // Cut short: the error is where the text ends.
     expect(truncated.message).toMatch(/^cut\.json:[34]:\d+: invalid JSON: Unexpected end of JSON input$/);
+  });
+});
+
+describe('parseManifest and hostile files', () => {
+  /** A billion laughs: `levels` anchors of ten aliases each, 10^levels strings once expanded, in under 1 KB. */
+  const aliasBomb = (levels: number): string => {
+    const lines = ['a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol","lol"]'];
+    for (let i = 1; i <= levels; i++) lines.push(`a${i}: &a${i} [${Array.from({ length: 10 }, () => `*a${i - 1}`).join(',')}]`);
+    return `apiVersion: v1\nkind: Service\nmetadata:\n  name: web\n  annotations:\n${lines.map((l) => `    ${l}`).join('\n')}\n`;
+  };
+
+  it('refuses YAML whose aliases expand far beyond the file, naming the file', () => {
+    const bomb = aliasBomb(8);
+    expect(bomb.length).toBeLessThan(1024);
+    const err = catchError(() => parseManifest(bomb, 'bomb.yaml'));
+    expect(err.code).toBe('PARSE');
+    expect(err.message).toMatch(/^bomb\.yaml: invalid YAML: aliases expand the file to more than \d+ values and characters/);
+    // The same nesting a few levels short is ordinary aliasing, and is read.
+    expect(parseManifest(aliasBomb(3), 'small.yaml').services).toHaveLength(1);
+  });
+
+  it('reads anchors shared by many objects, as hand-written YAML uses them', () => {
+    const items = ['- {apiVersion: v1, kind: Service, metadata: {name: s0}, spec: &spec {clusterIP: 10.96.0.1, ports: [{port: 80, name: http}]}}'];
+    for (let i = 1; i < 500; i++) items.push(`- {apiVersion: v1, kind: Service, metadata: {name: s${i}}, spec: *spec}`);
+    expect(parseManifest(`apiVersion: v1\nkind: List\nitems:\n${items.join('\n')}\n`, 'shared.yaml').services).toHaveLength(500);
+  });
+
+  it('refuses an alias inside its own anchor (a cycle)', () => {
+    const err = catchError(() => parseManifest('apiVersion: v1\nkind: Service\nmetadata: &m {name: web, self: *m}\n', 'cycle.yaml'));
+    expect(err.code).toBe('PARSE');
+    expect(err.message).toBe('cycle.yaml: invalid YAML: an alias refers to a node that contains it');
+  });
+
+  it('quotes at most the faulty line of a file, and nothing of it through the error\'s cause', () => {
+    const yaml = 'apiVersion: v1\nkind: Service\ntoken: s3cr3t-before\nmetadata:\n  name: web\n   namespace: x\nafter: s3cr3t-after\n';
+    const err = catchError(() => parseManifest(yaml, 'secret.yaml'));
+    expect(err.message).toBe('secret.yaml:6:13: invalid YAML: bad indentation of a mapping entry; the line reads "   namespace: x"');
+    expect(JSON.stringify(stdSerializers.err(err))).not.toContain('s3cr3t');
+    const json = `{"token": "s3cr3t-before",\n"kind": x,\n"after": "s3cr3t-after"}`;
+    const jerr = catchError(() => parseManifest(json, 'secret.json'));
+    expect(jerr.message).toMatch(/^secret\.json:2:9: invalid JSON: Unexpected token 'x'.*; the line reads "\\"kind\\": x,"$/);
+    expect(JSON.stringify(stdSerializers.err(jerr))).not.toContain('s3cr3t');
+  });
+
+  it('cuts a long faulty line to 200 characters around the fault', () => {
+    const items = Array.from({ length: 2000 }, (_, i) => `{"kind":"Service","metadata":{"name":"s${i}"}}`);
+    items[1000] = '{"kind":"Service",,}';
+    const err = catchError(() => parseManifest(`{"kind":"List","items":[${items.join(',')}]}`, 'one-line.json'));
+    const quoted = /the line reads "(.*)"$/.exec(err.message)?.[1];
+    expect(quoted).toContain('{"kind":"Service",,}'.replace(/"/g, '\\"'));
+    expect(quoted?.length).toBeLessThan(250);
+    expect(err.message.length).toBeLessThan(400);
+  });
+
+  it('reads lists of lists, but not nested past the stack', () => {
+    const depth = 100_000;
+    const text = `${'{"kind":"List","items":['.repeat(depth)}${']}'.repeat(depth)}`;
+    const m = parseManifest(text, 'nested.json');
+    expect(m.services).toEqual([]);
+    expect(m.problems).toEqual([{ object: 'List default/<unnamed>', field: 'items', message: 'lists nested more than 100 levels deep', file: 'nested.json' }]);
+  });
+
+  it('reports a list of 100,000 non-objects in two problems, not 100,000', () => {
+    const m = parseManifest(JSON.stringify({ apiVersion: 'v1', kind: 'List', items: Array.from({ length: 100_000 }, () => 1) }), 'l.json');
+    expect(m.problems.map((p) => `${p.field}: ${p.message}`)).toEqual(['items[0]: not a Kubernetes object', 'items: 99999 more items are not Kubernetes objects']);
+    const docs = manifestOf(Array.from({ length: 1000 }, () => 'x'), 'docs.yaml');
+    expect(docs.problems).toHaveLength(2);
+  });
+
+  it('tells a file holding objects from one holding an empty List and one holding nothing', () => {
+    const holds = (text: string): string => {
+      const docs = parseDocuments(text, 'f');
+      return holdsOf(docs, manifestOf(docs, 'f'));
+    };
+    expect(holds(text('services-list.json'))).toBe('objects');
+    expect(holds('{"apiVersion":"v1","kind":"List","items":[]}')).toBe('empty-list');
+    expect(holds('apiVersion: v1\nkind: ServiceList\nitems: []\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSliceList\nitems: []\n')).toBe('empty-list');
+    for (const nothing of ['{}', '[]', '"x"', '42', 'null', '---', '# all commented out\n', '{"kind":"Servic"}', '{"kind":"List"}', 'kind: ConfigMap\napiVersion: v1\n']) {
+      expect(holds(nothing), nothing).toBe('nothing');
+    }
   });
 });
 

@@ -248,6 +248,37 @@ describe('StateCache replace', () => {
   });
 });
 
+describe('StateCache and hostile objects', () => {
+  /** A Service whose annotation nests 100,000 levels: parsed anew each call, as each read of a file does. */
+  const deepService = (port: number): V1Service => {
+    const inner = `${'{"a":'.repeat(100_000)}1${'}'.repeat(100_000)}`;
+    const base = JSON.stringify(svc({ name: 'deep', ports: [{ name: 'http', port }] }));
+    return JSON.parse(base.replace('"metadata":{', `"metadata":{"annotations":{"deep":${inner}},`)) as V1Service;
+  };
+
+  it('refuses an object nested past the stack, names the field, and applies the others, read after read', () => {
+    const { c, problems } = cache();
+    for (const port of [80, 81]) {
+      c.replaceServices([svc({ name: 'a', ports: [{ name: 'http', port }] }), deepService(port), svc({ name: 'b', ports: [{ name: 'http', port }] })]);
+    }
+    expect(c.serviceKeys()).toEqual(['default/a', 'default/b']);
+    expect(c.service('default/b')?.spec?.ports?.[0]?.port).toBe(81);
+    expect(problems).toEqual([{ object: 'Service default/deep', field: 'metadata.annotations.deep.a.a.a…', message: 'nested more than 100 levels deep' }]);
+  });
+
+  it('reports an object whose upsert throws all the same, and applies the others in the list', () => {
+    const { c, problems } = cache();
+    const hostile = svc({ name: 'hostile' });
+    Object.defineProperty(hostile, 'spec', { enumerable: true, get: () => { throw new Error('no spec for you'); } });
+    c.replaceServices([svc({ name: 'a' }), hostile, svc({ name: 'b' })]);
+    const weird = { ...slice({ name: 'weird' }), metadata: { name: { toString: 1, valueOf: 1 } } } as unknown as V1EndpointSlice;
+    c.replaceEndpointSlices([weird, slice({ name: 'web-1' })]);
+    expect(c.serviceKeys()).toEqual(['default/a', 'default/b']);
+    expect(c.slicesFor('default/web').map((sl) => sl.metadata?.name)).toEqual(['web-1']);
+    expect(problems[0]).toEqual({ object: 'Service default/hostile', field: '', message: 'not applied: "no spec for you"' });
+  });
+});
+
 describe('deepEqual', () => {
   it('compares plain JSON-shaped data, treating absent and undefined alike', () => {
     expect(deepEqual({ a: [1, { b: 'x' }] }, { a: [1, { b: 'x' }] })).toBe(true);

@@ -211,6 +211,58 @@ describe('validateEndpointSlice', () => {
     expect(fields(validateEndpointSlice(slice({ endpoints: eps })))).toEqual(['endpoints[0].conditions.ready', 'endpoints[1].hints.forZones']);
   });
 
+describe('bounded reports of hostile input', () => {
+  /** `{a: {a: ... 1}}`, `levels` deep, built without recursion (as JSON.parse builds it). */
+  const nested = (levels: number): unknown => {
+    let v: unknown = 1;
+    for (let i = 0; i < levels; i++) v = { a: v };
+    return v;
+  };
+
+  it('reports a list\'s bad entries once, with a count and the first example', () => {
+    const ps = validateService(svc({}, { externalIPs: Array.from({ length: 100_000 }, () => 'x') }));
+    expect(ps).toEqual([{ object: 'Service default/web', field: 'spec.externalIPs', message: '100000 entries are not IP addresses, e.g. [0] "x"' }]);
+    const eps = [{ addresses: ['10.0.0.1', 'a', 'fd00::1', 'b', 'fd00::2'] }];
+    expect(validateEndpointSlice(slice({ endpoints: eps })).map((p) => `${p.field}: ${p.message}`)).toEqual([
+      'endpoints[0].addresses: 2 entries are not IP addresses, e.g. [1] "a"',
+      'endpoints[0].addresses: 2 entries are not IPv4 addresses (addressType IPv4), e.g. [2] "fd00::1"',
+    ]);
+  });
+
+  it('lists at most ten problems of one object and counts the rest in the last', () => {
+    const ports = Array.from({ length: 5000 }, (_, i) => ({ name: `p${i}`, port: 0 }));
+    const ps = validateService(svc({}, { ports }));
+    expect(ps).toHaveLength(11);
+    expect(ps[10]).toEqual({
+      object: 'Service default/web',
+      field: 'spec.ports[10].port',
+      message: 'must be an integer from 1 to 65535, got 0 (and 4989 more problems in this object)',
+    });
+  });
+
+  it('quotes at most 200 characters of a value, and of a name', () => {
+    const long = 'x'.repeat(100_000);
+    const [p] = validateService(svc({}, { type: { big: Array.from({ length: 100 }, () => long) } }));
+    expect(p?.field).toBe('spec.type');
+    expect(p?.message.length).toBeLessThan(300);
+    expect(p?.message).toMatch(/^must be one of .*, got \{"big":\["xxxx+…$/);
+    const [named] = validateService(svc({ metadata: { name: long } }));
+    expect(named?.object.length).toBeLessThan(250);
+    expect(named?.message.length).toBeLessThan(250);
+  });
+
+  it('refuses an object nested deeper than 100 levels, naming the path, without overflowing the stack', () => {
+    const deep = svc({ metadata: { name: 'web', annotations: { deep: nested(100_000) } } });
+    expect(validateService(deep)).toEqual([
+      { object: 'Service default/web', field: 'metadata.annotations.deep.a.a.a…', message: 'nested more than 100 levels deep' },
+    ]);
+    const deepSlice = slice({ endpoints: [{ addresses: ['10.0.0.1'], hints: { forZones: [nested(200)] } }] });
+    expect(fields(validateEndpointSlice(deepSlice))).toEqual(['endpoints[0].hints.forZones[0].a…']);
+    // What real objects nest is far from the bound.
+    expect(validateService(svc({ metadata: { name: 'web', annotations: { x: nested(90) } } }))).toEqual([]);
+  });
+});
+
 describe('a load-balancer ingress entry that is not an object', () => {
   it('is a problem naming the entry, and translation of such an object does not throw', async () => {
     const { validateService } = await import('../src/core/validate.js');

@@ -6,6 +6,7 @@ export type ProxyErrorCode =
   | 'USAGE' // a bad flag or config value: print one line, exit 2
   | 'PARSE' // a state or config file did not parse
   | 'STARTUP' // a part could not start (an address in use): print one line, exit 1
+  | 'TOO_LARGE' // a state file larger than the proxy reads
   | 'PORT_RANGE_EXHAUSTED'
   | 'PORTAL' // a portal could not be programmed
   | 'API' // the Kubernetes API answered with an error

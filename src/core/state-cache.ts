@@ -1,6 +1,6 @@
 import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
 import { problemString, type NodeInfo, type ObjectProblem } from './model.js';
-import { SERVICE_NAME_LABEL, validateEndpointSlice, validateService } from './validate.js';
+import { objectLabel, SERVICE_NAME_LABEL, show, validateEndpointSlice, validateService } from './validate.js';
 
 /**
  * The last good Service and EndpointSlice objects, and which Services changed since the proxier
@@ -8,7 +8,8 @@ import { SERVICE_NAME_LABEL, validateEndpointSlice, validateService } from './va
  *
  * Every object is validated on the way in. An invalid one is reported and not stored, and its
  * last good version stays in force: this is how bad input, from a file or the API, keeps the
- * last good state.
+ * last good state. An object that makes an upsert throw all the same is reported as a problem of
+ * that object alone: the objects after it in a list are still applied.
  */
 
 export interface StateCacheOptions {
@@ -41,6 +42,10 @@ export class StateCache {
 
   /** Each change returns how many stored objects it altered (0: nothing new). */
   upsertService(obj: V1Service): number {
+    return this.guarded('Service', obj, () => this.storeService(obj));
+  }
+
+  private storeService(obj: V1Service): number {
     const svc = withNamespace(obj);
     if (!this.admit(this.services, svc, validateService)) return 0;
     const key = keyOf(svc);
@@ -59,6 +64,10 @@ export class StateCache {
   }
 
   upsertEndpointSlice(obj: V1EndpointSlice): number {
+    return this.guarded('EndpointSlice', obj, () => this.storeEndpointSlice(obj));
+  }
+
+  private storeEndpointSlice(obj: V1EndpointSlice): number {
     const slice = withNamespace(obj);
     if (!this.admit(this.slices, slice, validateEndpointSlice)) return 0;
     const key = keyOf(slice);
@@ -151,6 +160,20 @@ export class StateCache {
   }
 
   /**
+   * Runs one object's upsert; if it throws, reports that object and carries on. Validation keeps
+   * known bad shapes out before anything walks them, so this is the net for shapes nobody foresaw.
+   */
+  private guarded(kind: string, obj: unknown, upsert: () => number): number {
+    try {
+      return upsert();
+    } catch (err) {
+      const message = err instanceof Error ? err.message : String(err);
+      this.onProblem({ object: objectLabel(kind, obj), field: '', message: `not applied: ${show(message)}` });
+      return 0;
+    }
+  }
+
+  /**
    * Validates; reports each problem once per object version (a resync or a re-read file sends the
    * same bad object again and again). A valid object clears the record.
    */
@@ -161,7 +184,7 @@ export class StateCache {
       store.reported.delete(key);
       return true;
     }
-    const version = versionOf(obj);
+    const version = versionOf(obj, problems);
     let seen = store.reported.get(key);
     if (seen?.version !== version) store.reported.set(key, (seen = { version, problems: new Set() }));
     for (const p of problems) {
@@ -185,16 +208,25 @@ export class StateCache {
 
 /** Objects with no namespace live in `default`, as kubectl puts them. Copies; never mutates the caller's object. */
 function withNamespace<T extends Meta>(obj: T): T {
-  if (obj.metadata?.namespace) return obj;
+  if (typeof obj !== 'object' || obj === null || obj.metadata?.namespace) return obj;
   return { ...obj, metadata: { ...obj.metadata, namespace: 'default' } };
 }
 
+/**
+ * The key of any value, valid or not: non-string names count as empty. A template string of an
+ * object would call its toString, which a parsed `{"toString": 1}` turns into a throw.
+ */
 function keyOf(obj: Meta): string {
-  return `${obj.metadata?.namespace || 'default'}/${obj.metadata?.name ?? ''}`;
+  const meta = typeof obj === 'object' && obj !== null ? obj.metadata : undefined;
+  return `${text(meta?.namespace) || 'default'}/${text(meta?.name)}`;
 }
 
 function serviceKeyOf(slice: V1EndpointSlice): string {
-  return `${slice.metadata?.namespace || 'default'}/${slice.metadata?.labels?.[SERVICE_NAME_LABEL] ?? ''}`;
+  return `${text(slice.metadata?.namespace) || 'default'}/${text(slice.metadata?.labels?.[SERVICE_NAME_LABEL])}`;
+}
+
+function text(v: unknown): string {
+  return typeof v === 'string' ? v : '';
 }
 
 function splitKey(key: string): [string, string] {
@@ -209,9 +241,18 @@ function forgetUnlisted(store: Store<Meta>, listed: ReadonlySet<string>): void {
   }
 }
 
-/** The identity of one version: resourceVersion when the API set one, else the content. */
-function versionOf(obj: Meta): string {
-  return obj.metadata?.resourceVersion ?? JSON.stringify(obj);
+/**
+ * The identity of one version: resourceVersion when the API set one, else the content; for
+ * content JSON.stringify cannot write (nested past the stack), the problems found in it.
+ */
+function versionOf(obj: Meta, problems: readonly ObjectProblem[]): string {
+  const rv = typeof obj === 'object' && obj !== null ? obj.metadata?.resourceVersion : undefined;
+  if (typeof rv === 'string') return rv;
+  try {
+    return JSON.stringify(obj);
+  } catch {
+    return problems.map(problemString).join('\n');
+  }
 }
 
 /**
@@ -227,6 +268,7 @@ function isSameVersion(old: Meta | undefined, obj: Meta): boolean {
   return deepEqual(old, obj);
 }
 
+/** Recursive: callers compare validated objects, whose nesting validate.ts bounds (MAX_DEPTH). */
 export function deepEqual(a: unknown, b: unknown): boolean {
   if (a === b) return true;
   if (a instanceof Date || b instanceof Date) {

@@ -17,26 +17,49 @@ const AFFINITIES = ['None', 'ClientIP'];
 const TRAFFIC_POLICIES = ['Cluster', 'Local'];
 const ADDRESS_TYPES = ['IPv4', 'IPv6', 'FQDN'];
 const MAX_AFFINITY_TIMEOUT_SECONDS = 86400;
+/**
+ * Deepest nesting of objects and arrays accepted in an object. Real Services and EndpointSlices
+ * nest about ten levels (managedFields); the bound keeps every later walk of a stored object
+ * (comparison, serialization) far from the stack limit, which a 100,000-level annotation hit.
+ */
+export const MAX_DEPTH = 100;
+/** At most this many problems are listed per object; the rest are counted in the last one. */
+const MAX_PROBLEMS = 10;
+/** Longest quote of a value (or of a name in an object label) a problem makes. */
+const MAX_QUOTE = 200;
 
 // DNS-1123 subdomain: what object names must be; it also keeps `/` and `:` out of our keys.
 const DNS_SUBDOMAIN = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$/;
 const DNS_LABEL = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/;
 
-/** Collects problems for one object; `at` names the field, `fail` records one. */
+/**
+ * Collects problems for one object; `at` names the field, `fail` records one. Past MAX_PROBLEMS
+ * they are only counted: an object with 100,000 bad entries makes a few log lines, not 100,000.
+ */
 class Report {
-  readonly problems: ObjectProblem[] = [];
+  private readonly listed: ObjectProblem[] = [];
+  private firstUnlisted: ObjectProblem | undefined;
+  private unlisted = 0;
   constructor(readonly object: string) {}
   fail(field: string, message: string): void {
-    this.problems.push({ object: this.object, field, message });
+    const p = { object: this.object, field, message };
+    if (this.listed.length < MAX_PROBLEMS) this.listed.push(p);
+    else if (this.unlisted++ === 0) this.firstUnlisted = p;
+  }
+  get problems(): ObjectProblem[] {
+    const p = this.firstUnlisted;
+    if (p === undefined) return this.listed;
+    const more = this.unlisted > 1 ? ` (and ${this.unlisted - 1} more problems in this object)` : '';
+    return [...this.listed, { ...p, message: `${p.message}${more}` }];
   }
 }
 
-/** `Service ns/name`, as problems and logs name an object; tolerant of any shape. */
+/** `Service ns/name`, as problems and logs name an object; tolerant of any shape, and bounded in length. */
 export function objectLabel(kind: string, obj: unknown): string {
   const meta = isRecord(obj) && isRecord(obj.metadata) ? obj.metadata : {};
   const ns = typeof meta.namespace === 'string' && meta.namespace !== '' ? meta.namespace : 'default';
   const name = typeof meta.name === 'string' && meta.name !== '' ? meta.name : '<unnamed>';
-  return `${kind} ${ns}/${name}`;
+  return `${clip(kind)} ${clip(ns)}/${clip(name)}`;
 }
 
 export function validateService(svc: V1Service): ObjectProblem[] {
@@ -45,6 +68,7 @@ export function validateService(svc: V1Service): ObjectProblem[] {
     r.fail('', 'not an object');
     return r.problems;
   }
+  if (!checkDepth(r, svc)) return r.problems;
   checkMetadata(r, svc.metadata);
   const spec: unknown = svc.spec;
   if (spec !== undefined && !isRecord(spec)) r.fail('spec', 'must be an object');
@@ -61,6 +85,7 @@ export function validateEndpointSlice(slice: V1EndpointSlice): ObjectProblem[] {
     r.fail('', 'not an object');
     return r.problems;
   }
+  if (!checkDepth(r, slice)) return r.problems;
   checkMetadata(r, slice.metadata);
   const label: unknown = slice.metadata?.labels?.[SERVICE_NAME_LABEL];
   if (typeof label !== 'string' || label === '') {
@@ -120,9 +145,7 @@ function checkClusterIPs(r: Report, spec: Record<string, unknown>): void {
   const headless = clusterIPs[0] === 'None';
   if (headless && clusterIPs.length > 1) r.fail('spec.clusterIPs', '"None" must be the only entry');
   if (!headless) {
-    clusterIPs.forEach((ip, i) => {
-      if (!isIPText(ip)) r.fail(`spec.clusterIPs[${i}]`, `${show(ip)} is not an IP address`);
-    });
+    checkEntries(r, 'spec.clusterIPs', clusterIPs, notAnIP);
     if (clusterIPs.length === 2 && ipFamilyOf(clusterIPs[0]) === ipFamilyOf(clusterIPs[1])) {
       r.fail('spec.clusterIPs[1]', 'dual-stack clusterIPs must be of different IP families');
     }
@@ -184,15 +207,11 @@ function checkLoadBalancerStatus(r: Report, ingress: unknown): void {
     r.fail('status.loadBalancer.ingress', 'must be a list');
     return;
   }
-  ingress.forEach((ing: unknown, i) => {
-    if (!isRecord(ing)) {
-      r.fail(`status.loadBalancer.ingress[${i}]`, `${show(ing)} is not an object`);
-      return;
-    }
+  checkEntries(r, 'status.loadBalancer.ingress', ingress, (ing) => {
+    if (!isRecord(ing)) return { value: ing, is: 'is not an object', are: 'are not objects' };
     const ip = ing.ip;
-    if (ip !== undefined && ip !== '' && !isIPText(ip)) {
-      r.fail(`status.loadBalancer.ingress[${i}].ip`, `${show(ip)} is not an IP address`);
-    }
+    if (ip !== undefined && ip !== '' && !isIPText(ip)) return { sub: '.ip', value: ip, is: 'is not an IP address', are: 'have an ip that is not an IP address' };
+    return undefined;
   });
 }
 
@@ -225,10 +244,11 @@ function checkEndpointAddresses(r: Report, at: string, addresses: unknown, famil
     return;
   }
   if (family === undefined) return;
-  addresses.forEach((a: unknown, j) => {
+  checkEntries(r, at, addresses, (a) => {
     const got = typeof a === 'string' ? ipFamily(a) : undefined;
-    if (got === undefined) r.fail(`${at}[${j}]`, `${show(a)} is not an IP address`);
-    else if (got !== family) r.fail(`${at}[${j}]`, `${show(a)} is not an IPv${family} address (addressType IPv${family})`);
+    if (got === undefined) return notAnIP(a);
+    if (got !== family) return { value: a, is: `is not an IPv${family} address (addressType IPv${family})`, are: `are not IPv${family} addresses (addressType IPv${family})` };
+    return undefined;
   });
 }
 
@@ -299,9 +319,87 @@ function checkIPList(r: Report, at: string, v: unknown): void {
     r.fail(at, 'must be a list');
     return;
   }
-  v.forEach((ip: unknown, i) => {
-    if (!isIPText(ip)) r.fail(`${at}[${i}]`, `${show(ip)} is not an IP address`);
+  checkEntries(r, at, v, notAnIP);
+}
+
+/** What is wrong with one entry of a list: `${value} ${is}` alone, `N entries ${are}` in a count. */
+interface EntryFault {
+  /** The path of the faulty field below the entry, e.g. `.ip`; default the entry itself. */
+  sub?: string;
+  value: unknown;
+  is: string;
+  are: string;
+}
+
+function notAnIP(v: unknown): EntryFault | undefined {
+  return isIPText(v) ? undefined : { value: v, is: 'is not an IP address', are: 'are not IP addresses' };
+}
+
+/**
+ * Checks every entry of a list. A fault found once is reported at its entry, as any other
+ * problem; a fault found in several entries is reported once for the list, with a count and the
+ * first example (`spec.externalIPs: 100000 entries are not IP addresses, e.g. [0] "x"`).
+ */
+function checkEntries(r: Report, at: string, list: readonly unknown[], check: (v: unknown) => EntryFault | undefined): void {
+  const found = new Map<string, { first: EntryFault; index: number; count: number }>();
+  list.forEach((v, i) => {
+    const f = check(v);
+    if (f === undefined) return;
+    const seen = found.get(f.are);
+    if (seen) seen.count++;
+    else found.set(f.are, { first: f, index: i, count: 1 });
   });
+  for (const { first, index, count } of found.values()) {
+    const sub = first.sub ?? '';
+    if (count === 1) r.fail(`${at}[${index}]${sub}`, `${show(first.value)} ${first.is}`);
+    else r.fail(at, `${count} entries ${first.are}, e.g. [${index}]${sub} ${show(first.value)}`);
+  }
+}
+
+/** False, with a problem naming the path, when objects or arrays nest deeper than MAX_DEPTH. */
+function checkDepth(r: Report, obj: object): boolean {
+  const path = tooDeep(obj, 0);
+  if (path === undefined) return true;
+  path.reverse();
+  // The first steps name the field; the rest would only repeat the nesting.
+  const shown = path.slice(0, 6).join('').replace(/^\./, '');
+  r.fail(path.length > 6 ? `${shown}…` : shown, `nested more than ${MAX_DEPTH} levels deep`);
+  return false;
+}
+
+/**
+ * The path (innermost step first) to a value nested deeper than MAX_DEPTH, or undefined.
+ * Recursion that stops descending at the bound, so it cannot meet the stack's end however deep
+ * the object; plain loops that allocate nothing while all is well, since every object of every
+ * read passes through here.
+ */
+function tooDeep(v: object, depth: number): string[] | undefined {
+  if (depth > MAX_DEPTH) return [];
+  if (Array.isArray(v)) {
+    for (let i = 0; i < v.length; i++) {
+      const child: unknown = v[i];
+      if (typeof child !== 'object' || child === null) continue;
+      const path = tooDeep(child, depth + 1);
+      if (path === undefined) continue;
+      path.push(`[${i}]`);
+      return path;
+    }
+    return undefined;
+  }
+  for (const k in v) {
+    const child: unknown = (v as Record<string, unknown>)[k];
+    if (typeof child !== 'object' || child === null || !Object.hasOwn(v, k)) continue;
+    const path = tooDeep(child, depth + 1);
+    if (path === undefined) continue;
+    path.push(fieldKey(k));
+    return path;
+  }
+  return undefined;
+}
+
+/** `.name`, or `["a/b"]` for a key that is not a plain word (as field paths name labels). */
+function fieldKey(k: string): string {
+  return /^[A-Za-z_$][\w$-]*$/.test(k) && k.length <= 64 ? `.${k}` : `[${show(k)}]`;
 }
 
 function isIPText(v: unknown): boolean {
@@ -316,7 +414,45 @@ function isRecord(v: unknown): v is Record<string, unknown> {
   return typeof v === 'object' && v !== null && !Array.isArray(v);
 }
 
-function show(v: unknown): string {
+/**
+ * A value as JSON, cut after MAX_QUOTE characters. Written here rather than by JSON.stringify,
+ * which would first build the whole text: 69 MB for a 486-byte YAML alias bomb, and a stack
+ * overflow for deep nesting. The recursion is bounded by the budget (each level costs a character).
+ */
+export function show(v: unknown, max = MAX_QUOTE): string {
   if (v === undefined) return 'nothing';
-  return JSON.stringify(v) ?? typeof v; // undefined for a function or a symbol
+  let out = '';
+  const write = (x: unknown): void => {
+    if (out.length > max) return;
+    if (typeof x === 'string') out += JSON.stringify(x.length > max ? x.slice(0, max + 1) : x);
+    else if (typeof x === 'number' || typeof x === 'boolean' || x === null) out += JSON.stringify(x);
+    else if (Array.isArray(x)) {
+      out += '[';
+      for (let i = 0; i < x.length && out.length <= max; i++) {
+        if (i > 0) out += ',';
+        write(x[i] === undefined ? null : x[i]);
+      }
+      out += ']';
+    } else if (typeof x === 'object') {
+      out += '{';
+      let first = true;
+      for (const k in x) {
+        if (out.length > max) break;
+        if (!Object.hasOwn(x, k)) continue;
+        const e = (x as Record<string, unknown>)[k];
+        if (e === undefined || typeof e === 'function') continue;
+        out += `${first ? '' : ','}${JSON.stringify(k.length > max ? k.slice(0, max + 1) : k)}:`;
+        first = false;
+        write(e);
+      }
+      out += '}';
+    } else out += typeof x; // undefined, a function, a symbol, a bigint: say what it is
+  };
+  write(v);
+  return out.length > max ? `${out.slice(0, max)}…` : out;
+}
+
+/** A name cut to MAX_QUOTE characters. */
+function clip(s: string): string {
+  return s.length > MAX_QUOTE ? `${s.slice(0, MAX_QUOTE)}…` : s;
 }

@@ -1,12 +1,15 @@
 import { watch, watchFile, unwatchFile, type FSWatcher, type Stats } from 'node:fs';
-import { readFile } from 'node:fs/promises';
+import { open, readlink } from 'node:fs/promises';
 import { performance } from 'node:perf_hooks';
-import { dirname } from 'node:path';
+import { basename, dirname, join, relative, resolve, sep } from 'node:path';
 import type { StateSink } from '../../seams/state-sink.js';
 import { problemString, type ObjectProblem } from '../../core/model.js';
-import { errnoCode } from '../../core/errors.js';
+import { validateEndpointSlice, validateService } from '../../core/validate.js';
+import { errnoCode, ProxyError } from '../../core/errors.js';
 import type { Logger } from '../../seams/logger.js';
+import { Backoff, type BackoffOptions } from '../../core/backoff.js';
 import { startsLikeJson } from './json-list-scan.js';
+import type { Manifest } from './manifest.js';
 import { ManifestReader, type ManifestChange } from './manifest-reader.js';
 
 /**
@@ -16,15 +19,24 @@ import { ManifestReader, type ManifestChange } from './manifest-reader.js';
  * the whole state. A read that fails (missing file, syntax error) changes nothing, so the last
  * good state stays in force.
  *
+ * A file that parses but holds no Service or EndpointSlice (`{}`, `null`, a ConfigMap) or only
+ * invalid ones is refused like one that does not parse: only an empty List says "no Services".
+ * An empty file is reported as such (a writer caught between truncating and writing, most
+ * likely) and changes nothing either.
+ *
  * Two watchers, because neither is enough alone:
  * - fs.watch on the directory, not the file: editors save by writing a temporary file and
  *   renaming it over the original, and a watch on the old inode would go quiet after the first
- *   save. Any event in the directory triggers a read, because a ConfigMap volume swaps a
- *   `..data` symlink and never touches the file's own name.
+ *   save. Only events for the file's own name, or for a name its symlinks pass through in the
+ *   directory, trigger a read: a ConfigMap volume swaps a `..data` symlink and never touches the
+ *   file's own name, while any other file there (the proxy's own log, say) must not make it
+ *   read, or every line logged about a read would trigger the next read.
  * - fs.watchFile polling, for filesystems where inotify says nothing (NFS, some overlay mounts)
  *   and for a directory that does not exist yet.
  * Reads are serialized and identical content is not applied twice, so the two watchers firing
- * for one edit cost one apply and at most one log line.
+ * for one edit cost one apply and at most one log line. A read that fails other than by the
+ * file's absence (EMFILE, EACCES, EIO) is retried with capped backoff: no event may come again
+ * for the edit it missed.
  *
  * When to read: soon after an event (settleMs gathers the events of one save), because an edit
  * should reach connections within a few milliseconds. But a file being written in place may be
@@ -47,7 +59,41 @@ export interface FileSourceOptions {
    * default 3000, past the first sync, so start-up does not wait for it.
    */
   indexAfterMs?: number;
+  /**
+   * Largest file read, in bytes; default 256 MiB. 30,000 Services with 10 endpoints each come to
+   * about 80 MB of pretty-printed JSON; V8 cannot hold much more than 512 MiB as one string.
+   */
+  maxBytes?: number;
+  /** Reads the file, refusing one over maxBytes with ProxyError TOO_LARGE; default readStateFile. A seam for tests. */
+  readFile?: (path: string, maxBytes: number) => Promise<Buffer>;
+  /** Retries of a failed read; default from 100 ms, doubling, to 5 s. */
+  retry?: Partial<BackoffOptions>;
 }
+
+export const DEFAULT_MAX_BYTES = 256 * 1024 * 1024;
+
+/** The file's bytes, or ProxyError TOO_LARGE before reading a file over maxBytes (or one that grew past it). */
+export async function readStateFile(path: string, maxBytes: number): Promise<Buffer> {
+  const fh = await open(path, 'r');
+  try {
+    const { size } = await fh.stat();
+    if (size > maxBytes) throw tooLarge(path, size, maxBytes);
+    const buf = await fh.readFile();
+    if (buf.length > maxBytes) throw tooLarge(path, buf.length, maxBytes);
+    return buf;
+  } finally {
+    await fh.close();
+  }
+}
+
+function tooLarge(path: string, size: number, maxBytes: number): ProxyError {
+  return new ProxyError('TOO_LARGE', `${path}: state file is ${size} bytes, more than the ${maxBytes} read`);
+}
+
+/** At most this many new problems of one read are logged one by one; the rest as a count. */
+const MAX_LOGGED_PROBLEMS = 20;
+/** Symlinks followed when finding the names a state file's path passes through (as ELOOP would stop). */
+const MAX_SYMLINKS = 40;
 
 export class FileSource {
   /** Resolves after the first read, whether it applied state or failed. */
@@ -59,6 +105,11 @@ export class FileSource {
   private readonly settleMs: number;
   private readonly pollIntervalMs: number;
   private readonly indexAfterMs: number;
+  private readonly maxBytes: number;
+  private readonly readFile: (path: string, maxBytes: number) => Promise<Buffer>;
+  private readonly retry: Backoff;
+  /** Names in the file's directory whose events concern the file (its own, and its symlinks' on the way). */
+  private names: Set<string>;
   private readonly reader: ManifestReader;
   private indexTimer: NodeJS.Timeout | undefined;
   private sink: StateSink | undefined;
@@ -91,6 +142,10 @@ export class FileSource {
     this.settleMs = opts.settleMs ?? 5;
     this.pollIntervalMs = opts.pollIntervalMs ?? 1000;
     this.indexAfterMs = opts.indexAfterMs ?? 3000;
+    this.maxBytes = opts.maxBytes ?? DEFAULT_MAX_BYTES;
+    this.readFile = opts.readFile ?? readStateFile;
+    this.retry = new Backoff({ initialMs: 100, maxMs: 5000, ...opts.retry }, Math.random);
+    this.names = new Set([basename(opts.path)]);
     this.reader = new ManifestReader(opts.path);
     this.synced = new Promise((resolve) => {
       this.resolveSynced = resolve;
@@ -121,7 +176,10 @@ export class FileSource {
   private armDirWatcher(): void {
     if (this.dirWatcher || this.stopped) return;
     try {
-      const w = watch(dirname(this.path), { persistent: true }, () => this.onEvent());
+      const w = watch(dirname(this.path), { persistent: true }, (_event, name) => {
+        // No name (some platforms): cannot tell, so read.
+        if (name === null || this.names.has(name)) this.onEvent();
+      });
       // The directory went away (or the watch broke): drop it; the poller notices the file's
       // return and the next read re-arms.
       w.on('error', () => {
@@ -168,6 +226,7 @@ export class FileSource {
 
   private async load(): Promise<void> {
     this.armDirWatcher();
+    this.names = (await namesOnTheWay(this.path)) ?? this.names;
     const buf = await this.read();
     if (buf === undefined || this.stopped || this.failed?.equals(buf)) return;
     // Milliseconds until the file has been quiet for debounceMs (<= 0: it has).
@@ -179,12 +238,44 @@ export class FileSource {
     } catch (err) {
       if (unquietMs > 0) return this.readWhenQuiet(unquietMs, 'does not parse');
       this.failed = buf;
-      // err.message names the file, line and column: one line, and the last good state stays.
-      this.log.error({ file: this.path, err }, `${(err as Error).message}; keeping the last good state`);
+      // A ProxyError's message names the file, line and column: one line, and the last good
+      // state stays. Anything else is a bug, but the file is what made it: name the file.
+      const message = err instanceof ProxyError ? err.message : `${this.path}: cannot read the state file: ${(err as Error).message}`;
+      this.log.error({ file: this.path, err }, `${message}; keeping the last good state`);
+      return;
+    }
+    if (change === undefined) {
+      this.failed = undefined;
+      return;
+    }
+    const refusal = this.refusal(change);
+    if (refusal !== undefined) {
+      // Read whole next time, and compared with the state as it stands, not with this content.
+      this.reader.reset();
+      this.failed = buf;
+      this.log[refusal.level]({ file: this.path }, `${this.path}: ${refusal.message}; keeping the last good state (an empty List, {"apiVersion":"v1","kind":"List","items":[]}, removes every Service)`);
       return;
     }
     this.failed = undefined;
-    if (change !== undefined) this.apply(change);
+    this.apply(change);
+  }
+
+  /**
+   * Why a file that parsed must not replace the state, if it must not: it holds no Service or
+   * EndpointSlice and is not an empty List, or (read whole) none of its objects is valid. The
+   * whole state would otherwise go for a file that says nothing about it.
+   */
+  private refusal(change: ManifestChange): { level: 'warn' | 'error'; message: string } | undefined {
+    const holds = this.reader.holds;
+    if (holds === 'blank') return { level: 'warn', message: 'state file is empty (still being written?)' };
+    const problems = change.kind === 'full' ? change.manifest.problems : change.problems;
+    const first = (ps: readonly ObjectProblem[]): string => (ps[0] ? ` (${problemString({ ...ps[0], file: undefined })})` : '');
+    if (holds === 'nothing') return { level: 'error', message: `holds no Service or EndpointSlice${first(problems)}` };
+    if (holds === 'objects' && change.kind === 'full') {
+      const invalid = firstProblemIfNoneValid(change.manifest);
+      if (invalid !== undefined) return { level: 'error', message: `holds no valid Service or EndpointSlice${first(invalid)}` };
+    }
+    return undefined;
   }
 
   /** The file may be half-written: look again once it has been quiet. */
@@ -193,24 +284,34 @@ export class FileSource {
     this.readIn(ms);
   }
 
-  /** The file's content, or undefined when it cannot be read (reported once per kind of failure). */
+  /**
+   * The file's content, or undefined when it cannot be read (reported once per kind of failure).
+   * A failure other than absence or size is retried with backoff: an edit made while descriptors
+   * ran out (EMFILE) sends no second event. Absence waits for the watchers; size, for an edit.
+   */
   private async read(): Promise<Buffer | undefined> {
     try {
-      const buf = await readFile(this.path);
+      const buf = await this.readFile(this.path, this.maxBytes);
       this.lastFailure = undefined;
+      this.retry.reset();
       return buf;
     } catch (err) {
       const code = errnoCode(err) ?? 'unknown';
       // Forget the content, so the file coming back as it was is applied (and reported) again.
       this.reader.reset();
       this.failed = undefined;
+      const retry = code !== 'ENOENT' && code !== 'TOO_LARGE';
+      const inMs = retry ? this.retry.next() : undefined;
+      if (inMs !== undefined) this.readIn(inMs);
       if (this.lastFailure === code) return undefined;
       this.lastFailure = code;
       if (code === 'ENOENT') {
         const what = this.loadedOnce ? 'state file disappeared; keeping the last good state' : 'state file not found';
         this.log.error({ file: this.path }, `${this.path}: ${what}; waiting for it to appear`);
+      } else if (code === 'TOO_LARGE') {
+        this.log.error({ file: this.path }, `${(err as Error).message}; keeping the last good state`);
       } else {
-        this.log.error({ file: this.path, err }, `${this.path}: cannot read the state file; keeping the last good state`);
+        this.log.error({ file: this.path, err, retryInMs: inMs }, `${this.path}: cannot read the state file; keeping the last good state and trying again`);
       }
       return undefined;
     }
@@ -220,26 +321,35 @@ export class FileSource {
     const sink = this.sink;
     if (!sink) return;
     let counts: { services: number; endpointSlices: number };
-    try {
-      if (change.kind === 'full') {
-        const m = change.manifest;
-        this.reportProblems(m.problems);
-        sink.replaceServices(m.services);
-        sink.replaceEndpointSlices(m.endpointSlices);
-        counts = { services: m.services.length, endpointSlices: m.endpointSlices.length };
-      } else {
-        this.reportProblems(change.problems);
-        for (const s of change.upsertServices) sink.upsertService(s);
-        for (const s of change.upsertEndpointSlices) sink.upsertEndpointSlice(s);
-        for (const k of change.deleteEndpointSlices) sink.deleteEndpointSlice(k.namespace, k.name);
-        for (const k of change.deleteServices) sink.deleteService(k.namespace, k.name);
-        counts = { services: change.services, endpointSlices: change.endpointSlices };
+    // Each call on its own: one that throws (a bug in the sink, not bad input: the sink validates)
+    // must not keep the others from being applied.
+    let failures = 0;
+    let firstErr: unknown;
+    const attempt = (call: () => void): void => {
+      try {
+        call();
+      } catch (err) {
+        if (failures++ === 0) firstErr = err;
       }
-    } catch (err) {
-      // A bug in the sink, not bad input: keep its stack, and read the file whole next time.
+    };
+    if (change.kind === 'full') {
+      const m = change.manifest;
+      this.reportProblems(m.problems);
+      attempt(() => sink.replaceServices(m.services));
+      attempt(() => sink.replaceEndpointSlices(m.endpointSlices));
+      counts = { services: m.services.length, endpointSlices: m.endpointSlices.length };
+    } else {
+      this.reportProblems(change.problems);
+      for (const s of change.upsertServices) attempt(() => sink.upsertService(s));
+      for (const s of change.upsertEndpointSlices) attempt(() => sink.upsertEndpointSlice(s));
+      for (const k of change.deleteEndpointSlices) attempt(() => sink.deleteEndpointSlice(k.namespace, k.name));
+      for (const k of change.deleteServices) attempt(() => sink.deleteService(k.namespace, k.name));
+      counts = { services: change.services, endpointSlices: change.endpointSlices };
+    }
+    if (failures > 0) {
+      // Keep the stack, and read the file whole next time.
       this.reader.reset();
-      this.log.error({ file: this.path, err }, 'applying the state file failed');
-      return;
+      this.log.error({ file: this.path, err: firstErr, failures }, 'applying the state file failed');
     }
     this.loadedOnce = true;
     if (change.kind === 'full') {
@@ -250,14 +360,70 @@ export class FileSource {
     this.log.info({ file: this.path, ...counts, changed }, 'loaded state file');
   }
 
-  /** Ignored objects are reported when they first appear, not on every re-read of the file. */
+  /**
+   * Ignored objects are reported when they first appear, not on every re-read of the file; past
+   * MAX_LOGGED_PROBLEMS in one read, only counted (a List of 100,000 ConfigMaps is one more line).
+   */
   private reportProblems(problems: readonly ObjectProblem[]): void {
     const now = new Set<string>();
+    let unlogged = 0;
+    let logged = 0;
     for (const p of problems) {
       const s = problemString(p);
-      if (!this.reportedProblems.has(s) && !now.has(s)) this.log.warn({ file: this.path, object: p.object, field: p.field }, s);
+      if (!this.reportedProblems.has(s) && !now.has(s)) {
+        if (logged++ < MAX_LOGGED_PROBLEMS) this.log.warn({ file: this.path, object: p.object, field: p.field }, s);
+        else unlogged++;
+      }
       now.add(s);
     }
+    if (unlogged > 0) this.log.warn({ file: this.path, unlogged }, `${this.path}: ${unlogged} more objects ignored (not logged one by one)`);
     this.reportedProblems = now;
   }
+}
+
+/**
+ * Undefined when the read has an object the state cache would take (usually the first one tried);
+ * else the problems of its first object.
+ */
+function firstProblemIfNoneValid(m: Manifest): ObjectProblem[] | undefined {
+  let firstProblems: ObjectProblem[] | undefined;
+  const valid = (problems: ObjectProblem[]): boolean => {
+    firstProblems ??= problems;
+    return problems.length === 0;
+  };
+  if (m.services.some((s) => valid(validateService(s))) || m.endpointSlices.some((s) => valid(validateEndpointSlice(s)))) return undefined;
+  return firstProblems ?? [];
+}
+
+/**
+ * The names in the file's directory that events for the file come by: its own, and those its
+ * symlinks lead through there. In a ConfigMap volume `state.yaml -> ..data/state.yaml` and
+ * `..data -> ..2024_01_01_00_00_00.123`: an update renames a new `..data` into place.
+ * Targets outside the directory are left to the poller. Undefined when a link could not be read
+ * (EMFILE, EACCES): the names found last time are as good a guess as any.
+ */
+async function namesOnTheWay(path: string): Promise<Set<string> | undefined> {
+  const abs = resolve(path);
+  const dir = dirname(abs);
+  const names = new Set([basename(abs)]);
+  const queue = [abs];
+  for (let hops = 0; hops < MAX_SYMLINKS && queue.length > 0; hops++) {
+    const p = queue.shift() as string;
+    let target: string;
+    try {
+      target = await readlink(p);
+    } catch (err) {
+      const code = errnoCode(err);
+      if (code === 'EINVAL' || code === 'ENOENT' || code === 'ENOTDIR') continue; // not a symlink, or gone
+      return undefined;
+    }
+    const t = resolve(dirname(p), target);
+    const first = relative(dir, t).split(sep)[0];
+    if (first === undefined || first === '' || first === '..') continue;
+    names.add(first);
+    // The first step may itself be a link (`..data`), and so may the rest of the target.
+    queue.push(join(dir, first));
+    if (t !== join(dir, first)) queue.push(t);
+  }
+  return names;
 }

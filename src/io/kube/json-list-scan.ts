@@ -163,6 +163,11 @@ export function startsLikeJson(buf: Buffer): boolean {
   return first === LBRACE || first === LBRACKET;
 }
 
+/** Nothing but white space (and a byte-order mark). */
+export function isBlank(buf: Buffer): boolean {
+  return skipSpace(buf, afterByteOrderMark(buf), buf.length) === buf.length;
+}
+
 /** The last non-space byte before `i`, or undefined. */
 export function byteBefore(buf: Buffer, i: number): number | undefined {
   let j = i - 1;

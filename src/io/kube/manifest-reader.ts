@@ -1,7 +1,7 @@
 import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
 import type { ObjectProblem } from '../../core/model.js';
-import { BYTE, byteBefore, byteFrom, commonPrefix, commonSuffix, scanItems, scanList, type Span } from './json-list-scan.js';
-import { listItems, manifestOf, parseDocuments, type Doc, type Manifest } from './manifest.js';
+import { BYTE, byteBefore, byteFrom, commonPrefix, commonSuffix, isBlank, scanItems, scanList, type Span } from './json-list-scan.js';
+import { holdsOf, listItems, manifestOf, parseDocuments, type Doc, type Holds, type Manifest } from './manifest.js';
 
 /**
  * Reads successive versions of a state file and says what changed, re-parsing as little as it
@@ -61,9 +61,14 @@ interface Meta {
 const SERVICE = 'Service ';
 const SLICE = 'EndpointSlice ';
 
-/** The cache's identity of an object: kind, then namespace (empty means default) and name. */
+/**
+ * The cache's identity of an object: kind, then namespace (empty means default) and name, as
+ * state-cache.ts keys it. Non-string parts count as empty (such objects fail validation anyway):
+ * a template string of a parsed `{"toString": 1}` would throw.
+ */
 function keyOf(prefix: string, obj: Meta): string {
-  return `${prefix}${obj.metadata?.namespace || 'default'}/${obj.metadata?.name ?? ''}`;
+  const text = (v: unknown): string => (typeof v === 'string' ? v : '');
+  return `${prefix}${text(obj.metadata?.namespace) || 'default'}/${text(obj.metadata?.name)}`;
 }
 
 function* keysOf(m: Manifest): Generator<string> {
@@ -83,6 +88,15 @@ export class ManifestReader {
   private index: Index | undefined;
   /** The single document of the last whole read, until prepare() (or the next read) indexes it. */
   private unindexed: unknown;
+  private lastHolds: Holds = 'nothing';
+
+  /**
+   * What the whole file says as of the last read that returned a change (manifest.ts, Holds):
+   * the caller decides whether a file holding no objects stands for the state.
+   */
+  get holds(): Holds {
+    return this.lastHolds;
+  }
 
   constructor(private readonly file: string) {}
 
@@ -99,7 +113,9 @@ export class ManifestReader {
     this.last = buf;
     this.index = undefined;
     this.unindexed = docs.length === 1 ? docs[0] : undefined;
-    return { kind: 'full', manifest: manifestOf(docs, this.file) };
+    const manifest = manifestOf(docs, this.file);
+    this.lastHolds = isBlank(buf) ? 'blank' : holdsOf(docs, manifest);
+    return { kind: 'full', manifest };
   }
 
   /**
@@ -180,6 +196,8 @@ export class ManifestReader {
       for (const s of item.manifest.endpointSlices) inFresh.set(keyOf(SLICE, s), s);
       tally(item, +1);
     }
+    // A delta is an edit of a list's items: with none left it is an empty list.
+    this.lastHolds = index.services + index.endpointSlices > 0 ? 'objects' : index.items.length === 0 ? 'empty-list' : 'nothing';
     const change = {
       kind: 'delta' as const,
       upsertServices: [] as V1Service[],

@@ -3,7 +3,7 @@ import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
 // ObjectSerializer (Dates, dropped unknown fields), and the cache should see what the API sends.
 import { CORE_SCHEMA, loadAll, YAMLException } from 'js-yaml';
 import type { ObjectProblem } from '../../core/model.js';
-import { objectLabel } from '../../core/validate.js';
+import { MAX_DEPTH, objectLabel, show } from '../../core/validate.js';
 import { ProxyError } from '../../core/errors.js';
 
 /**
@@ -41,17 +41,54 @@ export function emptyManifest(): Manifest {
 /** The objects of parsed documents (what parseDocuments returned). */
 export function manifestOf(docs: readonly unknown[], file: string): Manifest {
   const out = emptyManifest();
+  let notObjects = 0;
   docs.forEach((doc, i) => {
     // Empty documents (`---` twice, a trailing `---`) are fine.
     if (doc === null || doc === undefined) return;
     if (!isRecord(doc)) {
-      out.problems.push({ object: `document ${i + 1}`, field: 'kind', message: 'not a Kubernetes object', file });
+      if (notObjects++ === 0) out.problems.push({ object: `document ${i + 1}`, field: 'kind', message: 'not a Kubernetes object', file });
       return;
     }
     collect(doc, undefined, file, out);
   });
+  if (notObjects > 1) out.problems.push({ object: 'documents', field: 'kind', message: `${notObjects - 1} more documents are not Kubernetes objects`, file });
   return out;
 }
+
+/**
+ * What a file says: `objects` (at least one Service or EndpointSlice), `empty-list` (only lists
+ * with `items: []`: the one way to say "no Services"), `blank` (nothing but white space: a file
+ * caught between truncation and rewrite, most likely) or `nothing` (anything else: `null`, `---`
+ * or comments alone, `{}`, `[]`, a scalar, objects of other kinds only).
+ */
+export type Holds = 'objects' | 'empty-list' | 'blank' | 'nothing';
+
+/** What parsed documents hold (see Holds); `blank` is for the caller, who has the text, to tell. */
+export function holdsOf(docs: readonly unknown[], m: Manifest): Holds {
+  if (m.services.length > 0 || m.endpointSlices.length > 0) return 'objects';
+  const present = docs.filter((d) => d !== null && d !== undefined);
+  const emptyList = (d: unknown): boolean =>
+    isRecord(d) && typeof d.kind === 'string' && (d.kind === 'List' || Object.hasOwn(TYPED_LISTS, d.kind)) && Array.isArray(d.items) && d.items.length === 0;
+  return present.length > 0 && present.every(emptyList) ? 'empty-list' : 'nothing';
+}
+
+/**
+ * Parser messages quote the file: js-yaml several lines around the fault, V8 the characters
+ * around it, and pino logs an error's cause with it. A state file may be a symlink to a Secret's
+ * or ConfigMap's content, so the error carries no cause and quotes at most the faulty line, cut
+ * to MAX_LINE_QUOTE characters around the fault.
+ */
+const MAX_LINE_QUOTE = 200;
+
+/**
+ * YAML aliases may expand a document to at most this many units (see expandedSize) plus twice
+ * the text's length. An alias-free document never comes near twice its text (every value and
+ * key takes at least one character of it), so only aliases can exceed it: a 1 KB file of nested
+ * aliases stands for 10^8 values, which every later walk (validation, comparison, logging) would
+ * pay for on every read. js-yaml has no alias limit of its own; go-yaml, behind kubectl, refuses
+ * "excessive aliasing" by a ratio too.
+ */
+const ALIAS_EXPANSION_FLOOR = 1 << 20;
 
 /** JSON is YAML too, but JSON.parse is exact and much faster on large `-o json` dumps. */
 export function parseDocuments(raw: string, file: string): unknown[] {
@@ -61,20 +98,110 @@ export function parseDocuments(raw: string, file: string): unknown[] {
     try {
       return [JSON.parse(text)];
     } catch (err) {
-      const { line, column } = jsonErrorPosition(text, (err as Error).message);
-      // Node 20 quotes the text around the error, newlines and all: keep the log to one line.
-      const reason = (err as Error).message.replace(/\s+/g, ' ');
-      throw new ProxyError('PARSE', `${file}:${line}:${column}: invalid JSON: ${reason}`, { cause: err });
+      const message = (err as Error).message;
+      const { line, column, known } = jsonErrorPosition(text, message);
+      // V8 quotes the text around the fault ("..."): drop that; keep the log to one line.
+      const reason = message.replace(V8_CONTEXT, '').replace(/\s+/g, ' ');
+      const quote = known ? quoteLine(text, line, column) : '';
+      throw new ProxyError('PARSE', `${file}:${line}:${column}: invalid JSON: ${clip(reason)}${quote}`);
     }
   }
+  let docs: unknown[];
   try {
-    return loadAll(text, null, { schema: CORE_SCHEMA, filename: file });
+    docs = loadAll(text, null, { schema: CORE_SCHEMA, filename: file });
   } catch (err) {
     if (!(err instanceof YAMLException)) throw err;
     const line = err.mark.line + 1;
     const column = err.mark.column + 1;
-    throw new ProxyError('PARSE', `${file}:${line}:${column}: invalid YAML: ${err.reason}`, { cause: err });
+    throw new ProxyError('PARSE', `${file}:${line}:${column}: invalid YAML: ${clip(err.reason)}${quoteLine(text, line, column)}`);
   }
+  // Without a `*` there is no alias, and nothing to expand.
+  if (text.includes('*')) checkExpansion(docs, text.length, file);
+  return docs;
+}
+
+function checkExpansion(docs: unknown[], textLength: number, file: string): void {
+  const limit = ALIAS_EXPANSION_FLOOR + 2 * textLength;
+  const size = expandedSize(docs, limit);
+  if (size === 'cycle') throw new ProxyError('PARSE', `${file}: invalid YAML: an alias refers to a node that contains it`);
+  if (size > limit) {
+    throw new ProxyError('PARSE', `${file}: invalid YAML: aliases expand the file to more than ${limit} values and characters (twice its size, plus 1 Mi); refused as an alias bomb`);
+  }
+}
+
+/**
+ * The size of a value with every alias expanded: 1 per value, plus the length of each string and
+ * key. js-yaml resolves an alias to the very object its anchor names, so this is memoized per
+ * object and costs the distinct values, not the expansion. Stops once past `limit`; 'cycle' for
+ * an alias inside its own anchor (`&a [*a]`), which js-yaml builds as a cyclic structure.
+ * A loop with its own stack: alias chains nest deeper than the text does.
+ */
+function expandedSize(root: unknown, limit: number): number | 'cycle' {
+  interface Frame {
+    obj: object;
+    entries: Array<[string, unknown]>;
+    next: number;
+    total: number;
+  }
+  const done = new Map<object, number>();
+  const open = new Set<object>();
+  const enter = (obj: object): Frame => {
+    open.add(obj);
+    return { obj, entries: Object.entries(obj), next: 0, total: 1 };
+  };
+  if (typeof root !== 'object' || root === null) return 1;
+  const stack: Frame[] = [enter(root)];
+  for (;;) {
+    const f = stack[stack.length - 1] as Frame;
+    if (f.next === f.entries.length) {
+      stack.pop();
+      open.delete(f.obj);
+      done.set(f.obj, f.total);
+      const parent = stack[stack.length - 1];
+      if (parent === undefined) return f.total;
+      parent.total += f.total;
+      if (parent.total > limit) return parent.total;
+      continue;
+    }
+    const [key, v] = f.entries[f.next++] as [string, unknown];
+    if (!Array.isArray(f.obj)) f.total += key.length;
+    if (typeof v !== 'object' || v === null) {
+      f.total += 1 + (typeof v === 'string' ? v.length : 0);
+    } else if (open.has(v)) {
+      return 'cycle';
+    } else {
+      const known = done.get(v);
+      if (known === undefined) {
+        stack.push(enter(v));
+        continue;
+      }
+      f.total += known;
+    }
+    if (f.total > limit) return f.total;
+  }
+}
+
+/** `; the line reads "..."`: the faulty line, or 200 characters of it around the column; nothing when the fault is the end of the text. */
+function quoteLine(text: string, line: number, column: number): string {
+  let start = 0;
+  for (let l = 1; l < line; l++) {
+    const nl = text.indexOf('\n', start);
+    if (nl < 0) return '';
+    start = nl + 1;
+  }
+  if (start + column - 1 >= text.trimEnd().length) return '';
+  let end = text.indexOf('\n', start);
+  if (end < 0) end = text.length;
+  const lineText = text.slice(start, end).replace(/\r$/, '');
+  if (lineText.trim() === '') return '';
+  const from = Math.max(0, Math.min(column - 1 - MAX_LINE_QUOTE / 2, lineText.length - MAX_LINE_QUOTE));
+  const cut = lineText.slice(from, from + MAX_LINE_QUOTE);
+  const quoted = `${from > 0 ? '…' : ''}${cut}${from + MAX_LINE_QUOTE < lineText.length ? '…' : ''}`;
+  return `; the line reads ${JSON.stringify(quoted)}`;
+}
+
+function clip(s: string): string {
+  return s.length > MAX_LINE_QUOTE ? `${s.slice(0, MAX_LINE_QUOTE)}…` : s;
 }
 
 /**
@@ -83,7 +210,7 @@ export function parseDocuments(raw: string, file: string): unknown[] {
  */
 type Implied = { apiVersion: string; kind: string };
 
-function collect(doc: Doc, implied: Implied | undefined, file: string, out: Manifest): void {
+function collect(doc: Doc, implied: Implied | undefined, file: string, out: Manifest, depth = 0): void {
   const kind = typeof doc.kind === 'string' ? doc.kind : implied?.kind;
   const apiVersion = typeof doc.apiVersion === 'string' ? doc.apiVersion : implied?.apiVersion;
   const label = objectLabel(kind ?? 'object', doc);
@@ -92,15 +219,19 @@ function collect(doc: Doc, implied: Implied | undefined, file: string, out: Mani
   };
 
   if (kind === undefined) return problem('kind', 'missing');
-  if (kind === 'List' || Object.hasOwn(TYPED_LISTS, kind)) return collectList(doc, kind, file, out, problem);
+  if (kind === 'List' || Object.hasOwn(TYPED_LISTS, kind)) {
+    // Lists of lists are read, but not to any depth: this recursion must not meet the stack's end.
+    if (depth >= MAX_DEPTH) return problem('items', `lists nested more than ${MAX_DEPTH} levels deep`);
+    return collectList(doc, kind, file, out, problem, depth);
+  }
   if (kind === 'Service') {
-    if (apiVersion !== SERVICE_API) return problem('apiVersion', `${show(apiVersion)}: Services are read as ${SERVICE_API} only`);
+    if (apiVersion !== SERVICE_API) return problem('apiVersion', `${apiVersion === undefined ? 'missing' : show(apiVersion)}: Services are read as ${SERVICE_API} only`);
     out.services.push(doc);
     return;
   }
   if (kind === 'EndpointSlice') {
     if (apiVersion !== ENDPOINT_SLICE_API) {
-      return problem('apiVersion', `${show(apiVersion)}: EndpointSlices are read as ${ENDPOINT_SLICE_API} only`);
+      return problem('apiVersion', `${apiVersion === undefined ? 'missing' : show(apiVersion)}: EndpointSlices are read as ${ENDPOINT_SLICE_API} only`);
     }
     out.endpointSlices.push(doc as unknown as V1EndpointSlice);
     return;
@@ -108,14 +239,16 @@ function collect(doc: Doc, implied: Implied | undefined, file: string, out: Mani
   problem('kind', `${show(kind)} ignored: only Service and EndpointSlice are read`);
 }
 
-function collectList(doc: Doc, kind: string, file: string, out: Manifest, problem: (f: string, m: string) => void): void {
+function collectList(doc: Doc, kind: string, file: string, out: Manifest, problem: (f: string, m: string) => void, depth: number): void {
   const items = doc.items ?? [];
   if (!Array.isArray(items)) return problem('items', 'must be a list');
   const implied = impliedBy(doc, kind);
+  let notObjects = 0;
   items.forEach((item: unknown, i) => {
-    if (isRecord(item)) collect(item, implied, file, out);
-    else problem(`items[${i}]`, 'not a Kubernetes object');
+    if (isRecord(item)) collect(item, implied, file, out, depth + 1);
+    else if (notObjects++ === 0) problem(`items[${i}]`, 'not a Kubernetes object');
   });
+  if (notObjects > 1) problem('items', `${notObjects - 1} more items are not Kubernetes objects`);
 }
 
 /** Items of a typed list have the list's group/version (a v1beta1 EndpointSliceList holds v1beta1 slices). */
@@ -147,30 +280,46 @@ export function listItems(doc: unknown, file: string): { items: Doc[]; read: (it
 }
 
 /**
- * Where JSON.parse stopped, 1-based. Newer Node versions say `(line L column C)`; Node 20 says
- * `at position N` for some errors and nothing for others, in which case js-yaml (JSON is YAML)
- * is asked to find the spot; failing that, the end of the text.
+ * V8's `Unexpected token` message: the text around the fault, from 10 characters before it to 10
+ * after, with `...` where the text goes on (v8 src/json/json-parser.cc, ReportUnexpectedToken).
  */
-function jsonErrorPosition(text: string, message: string): { line: number; column: number } {
+const V8_CONTEXT = /, (\.\.\.)?"([\s\S]*)"(\.\.\.)? is not valid JSON$/;
+const V8_CONTEXT_CHARS = 10;
+
+/**
+ * Where JSON.parse stopped, 1-based, and whether that is known (`known`) or a guess. Newer Node
+ * versions say `(line L column C)`, or for an unexpected token quote the text around it (found
+ * again in the text); Node 20 says `at position N` for some errors and nothing for others, in
+ * which case js-yaml (JSON is YAML) is asked to find the spot; failing that, the end of the text.
+ */
+function jsonErrorPosition(text: string, message: string): { line: number; column: number; known: boolean } {
   const lc = /line (\d+) column (\d+)/.exec(message);
-  if (lc) return { line: Number(lc[1]), column: Number(lc[2]) };
+  if (lc) return { line: Number(lc[1]), column: Number(lc[2]), known: true };
   const pos = /position (\d+)/.exec(message);
-  if (!pos) {
-    try {
-      loadAll(text, null, { schema: CORE_SCHEMA, json: true });
-    } catch (err) {
-      if (err instanceof YAMLException) return { line: err.mark.line + 1, column: err.mark.column + 1 };
+  if (pos) return { ...lineAndColumn(text, Math.min(Number(pos[1]), text.length)), known: true };
+  const ctx = V8_CONTEXT.exec(message);
+  if (ctx) {
+    const [, before, around = '', after] = ctx;
+    const at = before ? text.indexOf(around) : 0;
+    if (at >= 0 && (before || after)) {
+      const offset = before ? at + V8_CONTEXT_CHARS : around.length - V8_CONTEXT_CHARS;
+      return { ...lineAndColumn(text, offset), known: true };
     }
   }
-  const offset = pos ? Math.min(Number(pos[1]), text.length) : text.trimEnd().length;
-  const before = text.slice(0, offset);
-  return { line: before.split('\n').length, column: offset - before.lastIndexOf('\n') };
+  try {
+    loadAll(text, null, { schema: CORE_SCHEMA, json: true });
+  } catch (err) {
+    if (err instanceof YAMLException) return { line: err.mark.line + 1, column: err.mark.column + 1, known: true };
+  }
+  return { ...lineAndColumn(text, text.trimEnd().length), known: false };
+}
+
+function lineAndColumn(text: string, offset: number): { line: number; column: number } {
+  let line = 1;
+  for (let i = text.indexOf('\n'); i >= 0 && i < offset; i = text.indexOf('\n', i + 1)) line++;
+  return { line, column: offset - text.lastIndexOf('\n', offset - 1) };
 }
 
 function isRecord(v: unknown): v is Doc {
   return typeof v === 'object' && v !== null && !Array.isArray(v);
-}
-
-function show(v: unknown): string {
-  return v === undefined ? 'missing' : JSON.stringify(v);
 }
