@@ -1,7 +1,7 @@
 import type { V1EndpointSlice } from '@kubernetes/client-node';
 import type { Clock } from './clock.js';
+import { namespacedName, objectKey, sliceServiceKey } from './object-key.js';
 import { TRIGGER_TIME_ANNOTATION } from './translate.js';
-import { SERVICE_NAME_LABEL } from './validate.js';
 
 /**
  * Network programming latency, kube-proxy's network_programming_duration_seconds: from the
@@ -67,7 +67,7 @@ export class ProgrammingLatencyTracker {
   }
 
   deleted(namespace: string, name: string): void {
-    this.seen.delete(`${namespace || 'default'}/${name}`);
+    this.seen.delete(namespacedName(namespace, name));
   }
 
   /** A full list of EndpointSlices: the ones it lacks are gone. */
@@ -105,12 +105,10 @@ export class ProgrammingLatencyTracker {
     this.seen.set(key, text);
     const triggerMs = Date.parse(text);
     if (Number.isNaN(triggerMs) || triggerMs < this.startedWall) return;
-    const service = `${slice.metadata?.namespace || 'default'}/${slice.metadata?.labels?.[SERVICE_NAME_LABEL] ?? ''}`;
+    const service = sliceServiceKey(slice);
     this.pending.push({ service, triggerMs, arrived: this.opts.clock.now() });
     if (this.pending.length > this.maxPending) this.pending.splice(0, this.pending.length - this.maxPending);
   }
 }
 
-function sliceKey(s: V1EndpointSlice): string {
-  return `${s.metadata?.namespace || 'default'}/${s.metadata?.name ?? ''}`;
-}
+const sliceKey = objectKey;

@@ -1,6 +1,7 @@
 import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
+import { namespacedName, objectKey, sliceServiceKey, splitNamespacedName } from './object-key.js';
 import { problemString, type NodeInfo, type ObjectProblem } from './model.js';
-import { objectLabel, SERVICE_NAME_LABEL, show, validateEndpointSlice, validateService } from './validate.js';
+import { objectLabel, show, validateEndpointSlice, validateService } from './validate.js';
 
 /**
  * The last good Service and EndpointSlice objects, and which Services changed since the proxier
@@ -56,7 +57,7 @@ export class StateCache {
   }
 
   deleteService(namespace: string, name: string): number {
-    const key = `${namespace || 'default'}/${name}`;
+    const key = namespacedName(namespace, name);
     this.services.reported.delete(key);
     if (!this.services.objects.delete(key)) return 0;
     this.dirty.add(key);
@@ -84,7 +85,7 @@ export class StateCache {
   }
 
   deleteEndpointSlice(namespace: string, name: string): number {
-    const key = `${namespace || 'default'}/${name}`;
+    const key = namespacedName(namespace, name);
     this.slices.reported.delete(key);
     const old = this.slices.objects.get(key);
     if (old === undefined) return 0;
@@ -212,27 +213,9 @@ function withNamespace<T extends Meta>(obj: T): T {
   return { ...obj, metadata: { ...obj.metadata, namespace: 'default' } };
 }
 
-/**
- * The key of any value, valid or not: non-string names count as empty. A template string of an
- * object would call its toString, which a parsed `{"toString": 1}` turns into a throw.
- */
-function keyOf(obj: Meta): string {
-  const meta = typeof obj === 'object' && obj !== null ? obj.metadata : undefined;
-  return `${text(meta?.namespace) || 'default'}/${text(meta?.name)}`;
-}
-
-function serviceKeyOf(slice: V1EndpointSlice): string {
-  return `${text(slice.metadata?.namespace) || 'default'}/${text(slice.metadata?.labels?.[SERVICE_NAME_LABEL])}`;
-}
-
-function text(v: unknown): string {
-  return typeof v === 'string' ? v : '';
-}
-
-function splitKey(key: string): [string, string] {
-  const i = key.indexOf('/');
-  return [key.slice(0, i), key.slice(i + 1)];
-}
+const keyOf = objectKey;
+const serviceKeyOf = sliceServiceKey;
+const splitKey = splitNamespacedName;
 
 /** Problem records of objects no longer listed are dropped, so a re-added bad object is reported again. */
 function forgetUnlisted(store: Store<Meta>, listed: ReadonlySet<string>): void {

@@ -1,3 +1,4 @@
+import { namespacedName } from './object-key.js';
 import type { AffinityPolicy, Endpoint, PortalAddress, Protocol, ServicePort } from './model.js';
 
 /**
@@ -42,7 +43,7 @@ export function externalPortals(sp: ServicePort): PortalAddress[] {
 export function planUnits(sp: ServicePort, sets: EndpointSets): ProxyUnit[] {
   const base = {
     servicePort: sp.key,
-    service: `${sp.name.namespace}/${sp.name.name}`,
+    service: namespacedName(sp.name.namespace, sp.name.name),
     protocol: sp.protocol,
     affinity: sp.affinity,
   };

@@ -2,6 +2,7 @@ import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
 import type { ObjectProblem } from '../../core/model.js';
 import { BYTE, byteBefore, byteFrom, commonPrefix, commonSuffix, isBlank, scanItems, scanList, type Span } from './json-list-scan.js';
 import { holdsOf, listItems, manifestOf, parseDocuments, type Doc, type Holds, type Manifest } from './manifest.js';
+import { objectKey } from '../../core/object-key.js';
 
 /**
  * Reads successive versions of a state file and says what changed, re-parsing as little as it
@@ -61,14 +62,9 @@ interface Meta {
 const SERVICE = 'Service ';
 const SLICE = 'EndpointSlice ';
 
-/**
- * The cache's identity of an object: kind, then namespace (empty means default) and name, as
- * state-cache.ts keys it. Non-string parts count as empty (such objects fail validation anyway):
- * a template string of a parsed `{"toString": 1}` would throw.
- */
+/** The cache's identity of an object: kind, then its key as state-cache.ts keys it. */
 function keyOf(prefix: string, obj: Meta): string {
-  const text = (v: unknown): string => (typeof v === 'string' ? v : '');
-  return `${prefix}${text(obj.metadata?.namespace) || 'default'}/${text(obj.metadata?.name)}`;
+  return `${prefix}${objectKey(obj)}`;
 }
 
 function* keysOf(m: Manifest): Generator<string> {
