@@ -47,7 +47,7 @@ function resolver(): Resolver {
   return r;
 }
 
-describe('DNS responder, asked by dig', () => {
+describe(HAVE_DIG ? 'DNS responder, asked by dig' : 'DNS responder, asked by dig: skipped, dig not found (apt-get install bind9-dnsutils)', () => {
   it.skipIf(!HAVE_DIG)('answers A over UDP and TCP, and AAAA', async () => {
     expect((await dig('+short', 'web.default.svc.cluster.local')).trim()).toBe('127.96.0.10');
     expect((await dig('+short', '+tcp', 'web.default.svc.cluster.local')).trim()).toBe('127.96.0.10');

@@ -91,7 +91,7 @@ describe('Service names, in-process', () => {
     expect(proxy.names.directory.resolve('web.default', webPort, 'TCP')).toEqual({ host: '127.96.41.10', port: webPort });
   });
 
-  it.skipIf(!HAVE_DIG)('answers dig over UDP and TCP', async () => {
+  it.skipIf(!HAVE_DIG)(HAVE_DIG ? 'answers dig over UDP and TCP' : 'answers dig over UDP and TCP: skipped, dig not found (apt-get install bind9-dnsutils)', async () => {
     const dig = async (...args: string[]): Promise<string> => (await run('dig', ['@127.0.0.1', '-p', String(dnsPort), '+time=2', '+tries=1', '+short', ...args])).stdout.trim();
     expect(await dig('web.default.svc.cluster.local')).toBe('127.96.41.10');
     expect(await dig('+tcp', 'web.default.svc')).toBe('127.96.41.10');

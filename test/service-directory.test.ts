@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { parseClusterDomain, parseClusterName } from '../src/core/cluster-names.js';
-import { ServiceDirectory, type DirectoryUnit } from '../src/core/service-directory.js';
+import { ServiceDirectory, type ClientAddresses, type DirectoryUnit } from '../src/core/service-directory.js';
 import type { ServiceResolver } from '../src/seams/service-resolver.js';
 
 /** A unit as the proxier runs it: ClusterIP portals (and a node port when given). */
@@ -18,7 +18,7 @@ function unit(service: string, portName: string, port: number, clusterIPs: strin
 const loopback = (_svc: string, ips: readonly string[]): string[] => ips.filter((ip) => ip.startsWith('10.')).map((ip) => ip.replace(/^10\./, '127.'));
 const asClusterIPs = (_svc: string, ips: readonly string[]): readonly string[] => ips;
 
-function directory(units: DirectoryUnit[], clientAddresses = loopback): { dir: ServiceDirectory; units: DirectoryUnit[]; reads: () => number } {
+function directory(units: DirectoryUnit[], clientAddresses: ClientAddresses = loopback): { dir: ServiceDirectory; units: DirectoryUnit[]; reads: () => number } {
   let reads = 0;
   const dir = new ServiceDirectory({
     domain: 'cluster.local',

@@ -42,7 +42,7 @@ export interface DirectoryEntry {
   name: string;
   clusterIPs: string[];
   /** Where a client here connects: IPv4 first. */
-  addresses: string[];
+  addresses: readonly string[];
   ports: DirectoryPort[];
 }
 
@@ -183,7 +183,7 @@ function byPort(a: DirectoryPort, b: DirectoryPort): number {
   return a.port - b.port || compare(a.protocol, b.protocol) || compare(a.name, b.name);
 }
 
-function ipv4First(addresses: readonly string[]): string[] {
-  if (addresses.length < 2) return [...addresses];
+function ipv4First(addresses: readonly string[]): readonly string[] {
+  if (addresses.length < 2 || !addresses.some((a) => a.includes(':'))) return addresses;
   return [...addresses.filter((a) => !a.includes(':')), ...addresses.filter((a) => a.includes(':'))];
 }
