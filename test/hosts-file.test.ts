@@ -1,7 +1,10 @@
+import { execFile, spawnSync } from 'node:child_process';
 import { chmod, mkdtemp, readFile, readdir, rm, stat, symlink, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Writable } from 'node:stream';
+import { fileURLToPath } from 'node:url';
+import { promisify } from 'node:util';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { HOSTS_BEGIN, HOSTS_END } from '../src/core/hosts-block.js';
 import { HostsFile, removeHostsBlock } from '../src/io/names/hosts-file.js';
@@ -9,6 +12,9 @@ import { createLogger, silentLogger } from '../src/log.js';
 
 /** The adapter on real files in a temporary directory: written, updated, removed, nothing else touched. */
 let dir: string;
+const CAN_BIND_MOUNT = process.getuid?.() === 0 && spawnSync('unshare', ['-m', 'true']).status === 0;
+const HOSTS_FILE_JS = fileURLToPath(new URL('../dist/src/io/names/hosts-file.js', import.meta.url));
+const LOG_JS = fileURLToPath(new URL('../dist/src/log.js', import.meta.url));
 
 beforeEach(async () => {
   dir = await mkdtemp(join(tmpdir(), 'kup-hosts-'));
@@ -97,6 +103,30 @@ describe('HostsFile', () => {
     expect((await stat(file)).ino).toBe(inode);
     expect(await readdir(dir)).toEqual(['hosts']);
     expect(lines.filter((l) => l.includes('rewriting it in place'))).toHaveLength(1);
+  });
+
+  it.skipIf(!CAN_BIND_MOUNT)(CAN_BIND_MOUNT ? 'rewrites in place a file bind-mounted over, as /etc/hosts is in a container' : 'bind mount: skipped, needs root and unshare', async () => {
+    // In a mount namespace of its own (gone with the process): a file bind-mounted onto `hosts`.
+    const file = join(dir, 'hosts');
+    const source = join(dir, 'mounted');
+    await writeFile(file, '');
+    await writeFile(source, ORIGINAL);
+    const script = `
+      const { HostsFile } = await import(${JSON.stringify(HOSTS_FILE_JS)});
+      const { silentLogger } = await import(${JSON.stringify(LOG_JS)});
+      const { readFile } = await import('node:fs/promises');
+      const h = new HostsFile({ path: ${JSON.stringify(file)}, logger: silentLogger() });
+      h.set(${JSON.stringify(L1)});
+      await h.flush();
+      const written = await readFile(${JSON.stringify(file)}, 'utf8');
+      await h.remove();
+      console.log(JSON.stringify({ written, removed: await readFile(${JSON.stringify(file)}, 'utf8') }));`;
+    const { stdout } = await promisify(execFile)('unshare', ['-m', 'sh', '-c', `mount --bind "$1" "$2" && exec "$3" --input-type=module -e "$4"`, 'sh', source, file, process.execPath, script]);
+    const seen = JSON.parse(stdout) as { written: string; removed: string };
+    expect(seen.written).toBe(`${ORIGINAL}\r\n${HOSTS_BEGIN}\r\n${L1[0]}\r\n${HOSTS_END}`);
+    expect(seen.removed).toBe(ORIGINAL);
+    expect(await readFile(source, 'utf8')).toBe(ORIGINAL);
+    expect((await readdir(dir)).sort()).toEqual(['hosts', 'mounted']);
   });
 
   it('writes through a symbolic link, leaving the link', async () => {
