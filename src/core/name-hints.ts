@@ -4,8 +4,9 @@ import { HOSTS_BEGIN } from './hosts-block.js';
 /**
  * What a user needs to use the Service names, printed once at start: the commands, and what each
  * needs. Each says whether it needs root; the systemd-resolved one says its cost, since resolved
- * has no way to send one domain to a server on the loopback interface alone (it ignores per-link
- * settings on `lo`, and its global servers also get every name no other link claims).
+ * has no way to send one domain to a server on the loopback interface alone: it refuses per-link
+ * settings on `lo` ("Link lo is loopback device"), and its global servers also get every name no
+ * routing domain claims (systemd-resolved.service(8), "Protocols and Routing").
  */
 
 export interface NameHintInput {
