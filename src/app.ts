@@ -19,6 +19,7 @@ import { TcpProxySocket } from './io/net/tcp-proxy.js';
 import { UdpProxySocket } from './io/net/udp-proxy.js';
 import { UdpReceiveBuffers } from './io/net/udp-receive-buffers.js';
 import { systemNodeAddresses } from './io/portal/node-addresses.js';
+import { startLocalNames, type LocalNames } from './local-names.js';
 import type { Logger } from './log.js';
 import { Proxier } from './proxier/proxier.js';
 import { LocalUnitSet, type ProxySocketFactory } from './proxier/unit-set.js';
@@ -38,6 +39,8 @@ export interface RunningProxy {
   /** Where /healthz and /livez are served. */
   healthzAddress: string;
   health: ProxierHealth;
+  /** Service names: the directory, the DNS responder and the hosts-file block, when asked for. */
+  names: LocalNames;
   /** Stop accepting, let connections finish for the grace period, close everything. */
   stop(graceMs?: number): Promise<{ cut: number }>;
 }
@@ -140,6 +143,8 @@ async function start(config: ProxyConfig, logger: Logger, started: Started): Pro
   started.add(() => admin.close());
   const healthz = await listenOrExplain('--healthz-bind-address', config.healthzBindAddress, () => startHealthServer({ host: config.healthzBindAddress.host, port: config.healthzBindAddress.port, health, logger, probes: metrics }));
   started.add(() => healthz.server.close());
+  const names = await startLocalNames(config, { events: proxier, units, portal, logger }, listenOrExplain);
+  started.add(() => names.stop());
   await source.start(proxier.sink);
   started.add(() => source.stop());
   await source.synced;
@@ -149,7 +154,7 @@ async function start(config: ProxyConfig, logger: Logger, started: Started): Pro
   resync.unref();
   const adminAddress = hostPort({ host: adminBound.address, port: adminBound.port });
   const healthzAddress = hostPort({ host: healthz.address.address, port: healthz.address.port });
-  logger.info({ portal: portal.mode, node: nodeName, source: config.stateFile ?? 'kubernetes API', admin: adminAddress, healthz: healthzAddress }, 'kube-userspace-proxy started');
+  logger.info({ portal: portal.mode, node: nodeName, source: config.stateFile ?? 'kubernetes API', admin: adminAddress, healthz: healthzAddress, dns: names.dnsAddress }, 'kube-userspace-proxy started');
   return {
     proxier,
     units,
@@ -157,13 +162,15 @@ async function start(config: ProxyConfig, logger: Logger, started: Started): Pro
     adminAddress,
     healthzAddress,
     health,
+    names,
     async stop(graceMs = config.shutdownGracePeriodMs) {
       clearInterval(resync);
       await source.stop();
       // Health keeps answering through the grace period, so a liveness probe does not kill a
       // proxy that is draining; portal rules stay in place for the next start to take over.
       const result = await proxier.shutdown(graceMs);
-      await Promise.all([admin.close(), healthz.server.close(), serviceHealth.close()]);
+      // The hosts-file block goes last: names keep resolving while connections drain.
+      await Promise.all([admin.close(), healthz.server.close(), serviceHealth.close(), names.stop()]);
       return result;
     },
   };

@@ -51,6 +51,9 @@ export function buildProgram(capture: { out: string; err: string }): Command {
     .option('--nodeport-addresses <cidrs>', 'comma-separated CIDRs whose local addresses serve node ports (default: all)')
     .option('--service-cluster-ip-range <cidrs>', 'the Service ClusterIP range(s), made local by --portal bind')
     .option('--shutdown-grace-period <duration>', `how long established connections may finish after SIGTERM (default: ${DEFAULTS.shutdownGracePeriod})`)
+    .option('--dns-bind-address <host:port>', 'answer DNS for Service names (svc.ns.svc.<cluster domain>, svc.ns) on this address, UDP and TCP (default: off)')
+    .option('--cluster-domain <domain>', `the domain Service names end in (default: ${DEFAULTS.clusterDomain})`)
+    .option('--hosts-file <file>', 'keep a block of Service names in this hosts-format file (e.g. /etc/hosts, as root); removed on exit and by --cleanup')
     .option('--log-level <level>', `trace, debug, info, warn, error, fatal or silent (default: ${DEFAULTS.logLevel})`)
     .option('--cleanup', 'remove everything the portal modes installed, then exit');
   return program;
@@ -61,7 +64,7 @@ const STRING_OPTIONS = [
   'config', 'writeConfigTo', 'state', 'portal', 'kubeconfig', 'master', 'hostnameOverride', 'bindAddress',
   'proxyPortRange', 'udpTimeout', 'maxUdpSessions', 'tcpKeepalive', 'tcpIdleTimeout', 'metricsBindAddress', 'healthzBindAddress',
   'iptablesSyncPeriod', 'iptablesMinSyncPeriod', 'nodeportAddresses', 'serviceClusterIpRange',
-  'shutdownGracePeriod', 'configSyncPeriod', 'logLevel',
+  'shutdownGracePeriod', 'configSyncPeriod', 'logLevel', 'dnsBindAddress', 'clusterDomain', 'hostsFile',
 ] as const satisfies ReadonlyArray<keyof RawOptions>;
 
 export function parseCommandLine(argv: readonly string[]): CliOutcome {

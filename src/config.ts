@@ -1,4 +1,5 @@
 import { isIP, parseCidrFlag, parseHostPort, type HostPort } from './core/address.js';
+import { parseClusterDomain } from './core/cluster-names.js';
 import { parseDuration } from './core/duration.js';
 import { parsePortRange, type PortRange } from './core/port-allocator.js';
 import { UsageError } from './core/errors.js';
@@ -39,6 +40,12 @@ export interface ProxyConfig {
   shutdownGracePeriodMs: number;
   /** Bound on UDP sessions per service port. */
   maxUdpSessions: number;
+  /** `--dns-bind-address`: where the DNS responder for Service names listens (off when unset). */
+  dnsBindAddress?: HostPort;
+  /** `--cluster-domain`: the domain Service names end in (lower-case, no trailing dot). */
+  clusterDomain: string;
+  /** `--hosts-file`: the hosts-format file that keeps a block of Service names. */
+  hostsFile?: string;
   cleanup: boolean;
 }
 
@@ -64,6 +71,9 @@ export interface RawOptions {
   shutdownGracePeriod?: string;
   maxUdpSessions?: string;
   configSyncPeriod?: string;
+  dnsBindAddress?: string;
+  clusterDomain?: string;
+  hostsFile?: string;
   cleanup?: boolean;
   /** `--config FILE`: a KubeProxyConfiguration whose values the flags override (kube-proxy-config.ts). */
   config?: string;
@@ -85,6 +95,7 @@ export const DEFAULTS = {
   shutdownGracePeriod: '10s',
   maxUdpSessions: '4096',
   configSyncPeriod: '15m',
+  clusterDomain: 'cluster.local',
 };
 
 function flag(name: string, fn: () => unknown): void {
@@ -162,8 +173,19 @@ export function buildConfig(raw: RawOptions): ProxyConfig {
     serviceClusterIPRanges: cidrList('service-cluster-ip-range', raw.serviceClusterIpRange),
     shutdownGracePeriodMs: duration('shutdown-grace-period', raw.shutdownGracePeriod ?? DEFAULTS.shutdownGracePeriod),
     maxUdpSessions,
+    clusterDomain: parseClusterDomain(raw.clusterDomain ?? DEFAULTS.clusterDomain, '--cluster-domain'),
     cleanup: raw.cleanup ?? false,
   };
+  if (raw.dnsBindAddress) {
+    const text = raw.dnsBindAddress;
+    flag('dns-bind-address', () => {
+      config.dnsBindAddress = parseHostPort(text, 'dns-bind-address', 53);
+    });
+  }
+  if (raw.hostsFile !== undefined) {
+    if (raw.hostsFile.trim() === '') throw new UsageError('--hosts-file: empty file name');
+    config.hostsFile = raw.hostsFile;
+  }
   if (proxyPortRange) config.proxyPortRange = proxyPortRange;
   if (raw.state) config.stateFile = raw.state;
   if (raw.hostnameOverride) config.hostnameOverride = raw.hostnameOverride;

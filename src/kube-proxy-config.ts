@@ -1,6 +1,7 @@
 import { readFile, writeFile } from 'node:fs/promises';
 import { CORE_SCHEMA, dump, load, YAMLException } from 'js-yaml';
 import { hostPort, isIP, parseCidrFlag, parseHostPort } from './core/address.js';
+import { parseClusterDomain } from './core/cluster-names.js';
 import { formatDuration, parseDuration } from './core/duration.js';
 import { formatPortRange, parsePortRange } from './core/port-allocator.js';
 import type { ProxyConfig, RawOptions } from './config.js';
@@ -192,6 +193,9 @@ const SCHEMA: Schema = {
         },
       },
       logLevel: { type: 'string', apply: (v, at, out) => { out.logLevel = oneOf(v as string, LOG_LEVELS, at); } },
+      dnsBindAddress: hostPortOption('dnsBindAddress', 53),
+      clusterDomain: stringOption('clusterDomain', (v, at) => parseClusterDomain(v, at)),
+      hostsFile: stringOption('hostsFile'),
     },
   },
 };
@@ -397,6 +401,9 @@ export function toKubeProxyConfiguration(config: ProxyConfig): Record<string, un
       maxUDPSessions: config.maxUdpSessions,
       serviceClusterIPRanges: config.serviceClusterIPRanges,
       logLevel: config.logLevel,
+      dnsBindAddress: config.dnsBindAddress ? hostPort(config.dnsBindAddress) : '',
+      clusterDomain: config.clusterDomain,
+      hostsFile: config.hostsFile ?? '',
     },
   };
 }

@@ -4,6 +4,7 @@ import { createPortal } from './create-portal.js';
 import { parseCommandLine } from './cli.js';
 import { buildConfig } from './config.js';
 import { ProxyError, UsageError } from './core/errors.js';
+import { cleanupLocalNames } from './local-names.js';
 import { createLogger } from './log.js';
 import { resolveOptions, writeConfigFile } from './kube-proxy-config.js';
 
@@ -26,7 +27,9 @@ async function main(argv: string[]): Promise<number> {
     return 0;
   }
   if (config.cleanup) {
-    await createPortal(config, logger).cleanup();
+    // Both run, whichever fails: cleanup keeps going past a failure.
+    const results = await Promise.allSettled([createPortal(config, logger).cleanup(), cleanupLocalNames(config, logger)]);
+    for (const r of results) if (r.status === 'rejected') throw r.reason;
     logger.info({ portal: config.portal }, 'cleanup done');
     return 0;
   }
@@ -43,6 +46,8 @@ async function main(argv: string[]): Promise<number> {
     process.exit(0);
   }
   const proxy = first;
+  // For a person at a terminal, apart from the JSON log on stdout: how to use the Service names.
+  for (const line of proxy.names.hints()) process.stderr.write(`${line}\n`);
   const signal = await signalled;
   logger.info({ signal, active: proxy.proxier.activeConnections(), graceMs: config.shutdownGracePeriodMs }, 'shutting down: no new connections; established ones may finish');
   const { cut } = await proxy.stop();

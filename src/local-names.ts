@@ -1,0 +1,95 @@
+import { hostPort } from './core/address.js';
+import { answerDnsQuery } from './core/dns-answer.js';
+import { nameHints } from './core/name-hints.js';
+import { ServiceDirectory, type ClientAddresses } from './core/service-directory.js';
+import type { ProxyConfig } from './config.js';
+import { DnsServer } from './io/dns/dns-server.js';
+import { HostsFile, removeHostsBlock } from './io/names/hosts-file.js';
+import { LoopbackPortal } from './io/portal/loopback-portal.js';
+import type { Logger } from './log.js';
+import type { Portal } from './seams/portal.js';
+import type { ProxierEvents } from './seams/proxier-events.js';
+import type { UnitSet } from './seams/unit-set.js';
+
+/**
+ * Service names for local development (composition): the directory of running Services, kept in
+ * step with the sync loop, and what serves it: the DNS responder (`--dns-bind-address`) and the
+ * hosts-file block (`--hosts-file`). The directory is built whatever the flags: it costs nothing
+ * until read, and it is the ServiceResolver other fronts use.
+ */
+
+/** Records live this long in caches: a Service that appears or goes is seen within it. */
+const DNS_TTL_SECONDS = 5;
+
+export interface LocalNames {
+  directory: ServiceDirectory;
+  /** Where the DNS responder listens, when it does (`host:port`). */
+  dnsAddress?: string;
+  /** The lines a user needs to use the names (printed at start). */
+  hints(): string[];
+  /** Stops answering and takes the hosts-file block out (a failure there is logged). */
+  stop(): Promise<void>;
+}
+
+/** Where a client here connects: the loopback portal's address for the Service, else its ClusterIPs. */
+function clientAddresses(portal: Portal): ClientAddresses {
+  if (portal instanceof LoopbackPortal) {
+    return (service) => {
+      const a = portal.addressOf(service);
+      return a === undefined ? [] : [a];
+    };
+  }
+  return (_service, clusterIPs) => clusterIPs;
+}
+
+/**
+ * Builds the directory and starts what the flags ask for. Call before the first sync, so that the
+ * hosts file follows it. A failure (an address in use, a hosts file that cannot be written) closes
+ * what had started and rejects with one line.
+ */
+export async function startLocalNames(config: ProxyConfig, parts: { events: ProxierEvents; units: UnitSet; portal: Portal; logger: Logger }, listenOrExplain: <T>(flag: string, address: { host: string; port: number }, listen: () => Promise<T>) => Promise<T>): Promise<LocalNames> {
+  const { events, units, portal, logger } = parts;
+  const directory = new ServiceDirectory({ domain: config.clusterDomain, units: () => units.views().map((v) => v.unit), clientAddresses: clientAddresses(portal) });
+  const hostsFile = config.hostsFile === undefined ? undefined : new HostsFile({ path: config.hostsFile, logger });
+  await hostsFile?.check();
+  let synced = false;
+  events.onSync((e) => {
+    const s = e.summary;
+    // Endpoints alone change no name or address: only units opened, closed or recreated do.
+    if (e.first || s.opened + s.closed + s.recreated > 0) directory.invalidate();
+    synced = true;
+    if (hostsFile !== undefined && (e.first || s.opened + s.closed + s.recreated > 0 || hostsFile.failed)) hostsFile.set(directory.hostsLines());
+  });
+  let dns: DnsServer | undefined;
+  let dnsAddress: string | undefined;
+  let bound: { host: string; port: number } | undefined;
+  if (config.dnsBindAddress !== undefined) {
+    const server = new DnsServer({ logger, handler: (message, transport) => answerDnsQuery(message, { directory, ttlSeconds: DNS_TTL_SECONDS, transport, ready: synced }) });
+    const address = config.dnsBindAddress;
+    bound = await listenOrExplain('--dns-bind-address', address, () => server.listen(address.host, address.port));
+    dns = server;
+    dnsAddress = hostPort(bound);
+  }
+  return {
+    directory,
+    ...(dnsAddress !== undefined ? { dnsAddress } : {}),
+    hints: () => {
+      const first = directory.entries()[0];
+      return nameHints({
+        domain: config.clusterDomain,
+        ...(bound !== undefined ? { dns: bound } : {}),
+        ...(config.hostsFile !== undefined ? { hostsFile: config.hostsFile } : {}),
+        ...(first !== undefined ? { example: `${first.name}.${first.namespace}.svc.${config.clusterDomain}` } : {}),
+      });
+    },
+    async stop() {
+      await Promise.all([dns?.close(), hostsFile?.remove()]);
+    },
+  };
+}
+
+/** `--cleanup`: the hosts-file block of a run that could not take it out (killed, or a crash). */
+export async function cleanupLocalNames(config: ProxyConfig, logger: Logger): Promise<void> {
+  if (config.hostsFile === undefined) return;
+  if (await removeHostsBlock(config.hostsFile)) logger.info({ file: config.hostsFile }, 'removed the Service names block');
+}
