@@ -50,6 +50,8 @@ describe('bad flags', () => {
     const help = start(['--help']);
     expect(await help.exited).toBe(0);
     expect(help.stdout()).toMatch(/--proxy-port-range/);
+    // Flags over --config differs from kube-proxy on purpose, and says so where users look.
+    expect(help.stdout().replace(/\s+/g, ' ')).toMatch(/--config <file> .*flags given override its values \(kube-proxy would ignore them\)/);
     const version = start(['--version']);
     expect(await version.exited).toBe(0);
     expect(version.stdout().trim()).toMatch(/^\d+\.\d+\.\d+$/);
