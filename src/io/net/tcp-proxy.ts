@@ -22,6 +22,11 @@ export interface TcpProxySocketOptions {
   logger: Logger;
   stats?: ServicePortStats;
   dialTimeoutsMs?: readonly number[];
+  /**
+   * SO_REUSEPORT on every listener: the worker processes of one node (`--workers`) each listen on
+   * the same addresses, and the kernel spreads new connections over them.
+   */
+  reusePort?: boolean;
 }
 
 /**
@@ -42,8 +47,10 @@ export class TcpProxySocket implements ProxySocket {
   private readonly conns = new Set<TcpConn>();
   private drainWaiters: (() => void)[] = [];
   private readonly fdWarnings = new RateLimiter(1000, systemClock.now);
+  private readonly reusePort: boolean;
 
   constructor(opts: TcpProxySocketOptions) {
+    this.reusePort = opts.reusePort ?? false;
     this.stats = opts.stats ?? new ServicePortStats();
     this.balancer = opts.balancer;
     this.dialer = opts.dialer;
@@ -73,7 +80,7 @@ export class TcpProxySocket implements ProxySocket {
     return new Promise((resolve, reject) => {
       server.once('error', reject);
       // ipv6Only: a listener on :: must not also take the IPv4 port, which another listener may hold.
-      server.listen({ host: addr.host, port: addr.port, ipv6Only: addr.host.includes(':') }, () => {
+      server.listen({ host: addr.host, port: addr.port, ipv6Only: addr.host.includes(':'), reusePort: this.reusePort }, () => {
         server.off('error', reject);
         // A fixed port on an IPv4 literal is bound as asked; only port 0 (or an IPv6 spelling) needs
         // the getsockname() round trip, which is a few percent of start-up at 10,000 service ports.
