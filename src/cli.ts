@@ -38,7 +38,8 @@ export function buildProgram(capture: { out: string; err: string }): Command {
     .option('--bind-address <ip>', `the address proxy ports listen on (default: ${DEFAULTS.bindAddress})`)
     .option('--proxy-port-range <range>', 'the range of host ports for proxy ports (a-b, a+n or p; default: the kernel picks)')
     .option('--udp-timeout <duration>', `how long an idle UDP session lives (default: ${DEFAULTS.udpTimeout})`)
-    .option('--max-udp-sessions <n>', `UDP sessions per service port; past it the oldest idle one is reclaimed (default: ${DEFAULTS.maxUdpSessions})`)
+    .option('--max-udp-sessions <n>', `UDP sessions per service port on this node, shared equally among the workers (each holds at most n/workers, rounded up); past it the oldest idle one is reclaimed (default: ${DEFAULTS.maxUdpSessions})`)
+    .option('--workers <n>', 'processes that serve connections: a number, or auto for one per core (os.availableParallelism()); 1 serves from this process alone (default: auto with --portal iptables or bind, 1 with loopback)')
     .option('--metrics-bind-address <host:port>', `where the metrics and status server listens (default: ${DEFAULTS.metricsBindAddress})`)
     .option('--healthz-bind-address <host:port>', `where the health server listens (default: ${DEFAULTS.healthzBindAddress})`)
     .option('--iptables-sync-period <duration>', `the longest time between full resyncs (default: ${DEFAULTS.iptablesSyncPeriod})`)
@@ -57,7 +58,7 @@ export function buildProgram(capture: { out: string; err: string }): Command {
 /** The flags whose string value is handed on unchanged, under the same name. */
 const STRING_OPTIONS = [
   'config', 'writeConfigTo', 'state', 'portal', 'kubeconfig', 'master', 'hostnameOverride', 'bindAddress',
-  'proxyPortRange', 'udpTimeout', 'maxUdpSessions', 'metricsBindAddress', 'healthzBindAddress',
+  'proxyPortRange', 'udpTimeout', 'maxUdpSessions', 'workers', 'metricsBindAddress', 'healthzBindAddress',
   'iptablesSyncPeriod', 'iptablesMinSyncPeriod', 'nodeportAddresses', 'serviceClusterIpRange',
   'shutdownGracePeriod', 'configSyncPeriod', 'logLevel',
 ] as const satisfies ReadonlyArray<keyof RawOptions>;

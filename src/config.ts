@@ -33,8 +33,13 @@ export interface ProxyConfig {
   /** `--service-cluster-ip-range`: the range made local by the bind portal. */
   serviceClusterIPRanges: string[];
   shutdownGracePeriodMs: number;
-  /** Bound on UDP sessions per service port. */
+  /** Bound on UDP sessions per service port over the node (each worker holds its share). */
   maxUdpSessions: number;
+  /**
+   * `--workers`: processes that serve connections; `auto` is one per core
+   * (os.availableParallelism(), resolved at start). 1 serves from the controller's own process.
+   */
+  workers: number | 'auto';
   cleanup: boolean;
 }
 
@@ -57,6 +62,7 @@ export interface RawOptions {
   serviceClusterIpRange?: string;
   shutdownGracePeriod?: string;
   maxUdpSessions?: string;
+  workers?: string;
   configSyncPeriod?: string;
   cleanup?: boolean;
   /** `--config FILE`: a KubeProxyConfiguration whose values the flags override (kube-proxy-config.ts). */
@@ -78,6 +84,27 @@ export const DEFAULTS = {
   maxUdpSessions: '4096',
   configSyncPeriod: '15m',
 };
+
+/**
+ * `--workers` when not given: every core where the proxy serves the node's traffic (`iptables`,
+ * `bind`), as kube-proxy does (Go's runtime runs on every core); one process for `loopback`, the
+ * mode of a laptop and the demo, where one process is simpler to follow and is plenty.
+ */
+export function defaultWorkers(portal: PortalMode): 'auto' | 1 {
+  return portal === 'loopback' ? 1 : 'auto';
+}
+
+/** `auto`, or a whole number from 1 to MAX_WORKERS. */
+export const MAX_WORKERS = 256;
+
+export function parseWorkers(value: string, what: string): number | 'auto' {
+  if (value === 'auto') return 'auto';
+  const n = Number(value);
+  if (!/^\d+$/.test(value) || !Number.isInteger(n) || n < 1 || n > MAX_WORKERS) {
+    throw new UsageError(`${what}: "${value}" is neither auto nor a whole number from 1 to ${MAX_WORKERS}`);
+  }
+  return n;
+}
 
 function flag(name: string, fn: () => unknown): void {
   try {
@@ -146,6 +173,7 @@ export function buildConfig(raw: RawOptions): ProxyConfig {
     serviceClusterIPRanges: cidrList('service-cluster-ip-range', raw.serviceClusterIpRange),
     shutdownGracePeriodMs: duration('shutdown-grace-period', raw.shutdownGracePeriod ?? DEFAULTS.shutdownGracePeriod),
     maxUdpSessions,
+    workers: raw.workers === undefined ? defaultWorkers(portal) : parseWorkers(raw.workers, '--workers'),
     cleanup: raw.cleanup ?? false,
   };
   if (proxyPortRange) config.proxyPortRange = proxyPortRange;

@@ -3,7 +3,7 @@ import { CORE_SCHEMA, dump, load, YAMLException } from 'js-yaml';
 import { hostPort, isIP, parseCidrFlag, parseHostPort } from './core/address.js';
 import { formatDuration, parseDuration } from './core/duration.js';
 import { formatPortRange, parsePortRange } from './core/port-allocator.js';
-import type { ProxyConfig, RawOptions } from './config.js';
+import { parseWorkers, type ProxyConfig, type RawOptions } from './config.js';
 import { ProxyError, UsageError, errnoCode } from './core/errors.js';
 import { PORTAL_MODES } from './seams/portal.js';
 import { LOG_LEVELS } from './log.js';
@@ -179,6 +179,14 @@ const SCHEMA: Schema = {
         apply: (v, at, out) => {
           if ((v as number) < 1) throw new UsageError(`${at}: ${String(v)} is not a positive whole number`);
           out.maxUdpSessions = String(v);
+        },
+      },
+      // A whole number or "auto": YAML hands over either type.
+      workers: {
+        type: 'opaque',
+        apply: (v, at, out) => {
+          if (typeof v !== 'string' && typeof v !== 'number') throw new UsageError(`${at}: expected a whole number or "auto", got ${describe(v)}`);
+          out.workers = String(parseWorkers(String(v), at));
         },
       },
       serviceClusterIPRanges: {
@@ -391,6 +399,7 @@ export function toKubeProxyConfiguration(config: ProxyConfig): Record<string, un
       stateFile: config.stateFile ?? '',
       shutdownGracePeriod: formatDuration(config.shutdownGracePeriodMs),
       maxUDPSessions: config.maxUdpSessions,
+      workers: config.workers,
       serviceClusterIPRanges: config.serviceClusterIPRanges,
       logLevel: config.logLevel,
     },
