@@ -68,7 +68,9 @@ export class RoundRobinBalancer implements LoadBalancer {
     // A fresh shuffle per change keeps many proxies from all starting on the same endpoint. Workers
     // of one node shuffle a set alike (seeded by the set) and start at their own places in it.
     const shared = this.shared;
-    this.list = shuffle([...byAddr.values()], shared ? orderRandom(byAddr.values(), shared.seed) : this.random);
+    const items = [...byAddr.values()];
+    if (shared) items.sort((x, y) => (x.addr < y.addr ? -1 : x.addr > y.addr ? 1 : 0));
+    this.list = shuffle(items, shared ? orderRandom(items, shared.seed) : this.random);
     this.index = shared && this.list.length > 0 ? shared.worker % this.list.length : 0;
     this.dropStickyNotIn(byAddr);
   }
