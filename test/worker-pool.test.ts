@@ -1,4 +1,4 @@
-import { connect } from 'node:net';
+import { connect, type Socket } from 'node:net';
 import { afterEach, describe, expect, it } from 'vitest';
 import { rendezvousPick } from '../src/core/balancer/shared-order.js';
 import { systemClock } from '../src/core/clock.js';
@@ -155,7 +155,7 @@ describe('WorkerPool', () => {
     const [a] = await backends('a');
     await pool.apply(batch({ open: [{ unit: unit('default/web:http', [a as Endpoint]), listen: PROXY_PORT_SPEC }] }));
     const port = pool.views()[0]?.proxyPort as number;
-    const held = [];
+    const held: Socket[] = [];
     for (let i = 0; i < 20; i++) {
       const s = connect({ host: '127.0.0.1', port });
       await withDeadline(new Promise((r) => s.once('data', r)), 5000, 'the connection to be spliced');

@@ -236,6 +236,11 @@ export class WorkerPool implements UnitSet {
     return { reading: this.nodeStats.read(), running: this.records.size };
   }
 
+  /** Asks every worker for its counters: figures() is up to date then. */
+  async refreshFigures(): Promise<void> {
+    await this.collect();
+  }
+
   /** Each worker slot, as of the last reports. */
   figures(): WorkerFigures[] {
     const now = this.opts.clock.now();

@@ -1,4 +1,3 @@
-import { StatsLedger } from '../core/stats-ledger.js';
 import { StatsReporter, type WorkerReport } from '../core/worker-stats.js';
 import type { AffinityShare } from '../seams/affinity-share.js';
 import type { Logger } from '../seams/logger.js';
@@ -28,7 +27,7 @@ const DEFAULT_STICKY_FLUSH_MS = 10;
 export class WorkerServer {
   private readonly log: Logger;
   private queue: Promise<void> = Promise.resolve();
-  private readonly ledger = new StatsLedger();
+  private reports: Promise<void> = Promise.resolve();
   private readonly reporter = new StatsReporter();
   private stickyTimer: NodeJS.Timeout | undefined;
   private stopping = false;
@@ -56,7 +55,8 @@ export class WorkerServer {
   private receive(m: ToWorker): void {
     switch (m.t) {
       case 'report':
-        this.answer(m.id, async () => ({ t: 'report', id: m.id, report: await this.report() }));
+        // One at a time, each sent before the next is taken: a report is what changed since the last.
+        this.reports = this.reports.then(() => this.run(m.id, async () => ({ t: 'report', id: m.id, report: await this.report() })));
         return;
       case 'status':
         this.answer(m.id, async () => ({ t: 'status', id: m.id, status: this.opts.units.status() }));
@@ -91,7 +91,7 @@ export class WorkerServer {
   private async report(): Promise<WorkerReport> {
     await this.opts.refreshCounters?.();
     const live = this.opts.units.stats().map(({ unit, stats }) => ({ labels: { servicePort: unit.servicePort, protocol: unit.protocol, scope: unit.scope }, stats }));
-    return this.reporter.report(this.ledger.read(live), this.opts.units.activeConnections());
+    return this.reporter.report(live, this.opts.units.activeConnections());
   }
 
   private async shutdown(id: number, graceMs: number): Promise<undefined> {

@@ -10,7 +10,7 @@ export interface WorkerFiguresSource {
   /** Worker processes serving now. */
   serving(): number;
   /** Brings the figures up to date (asks every worker for its counters). */
-  readStats(): Promise<unknown>;
+  refreshFigures(): Promise<void>;
 }
 
 /**
@@ -20,7 +20,7 @@ export interface WorkerFiguresSource {
  */
 export function attachWorkerFigures(admin: HttpServer, source: WorkerFiguresSource): void {
   admin.route('/workers', async (_req, res) => {
-    await source.readStats();
+    await source.refreshFigures();
     sendJson(res, 200, { workers: source.figures(), restarts: source.restarts() });
   });
 }
