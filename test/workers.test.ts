@@ -74,8 +74,8 @@ interface Proxy {
 }
 
 /** Starts the CLI with two workers; resolves once every Service is served by both. */
-async function start(extra: string[] = []): Promise<Proxy> {
-  const r = runCli(['--state', stateFile, '--workers', '2', '--metrics-bind-address', '127.0.0.1:0', '--healthz-bind-address', '127.0.0.1:0', '--iptables-min-sync-period', '0s', ...extra]);
+async function start(extra: string[] = [], opts: { detached?: boolean } = {}): Promise<Proxy> {
+  const r = runCli(['--state', stateFile, '--workers', '2', '--metrics-bind-address', '127.0.0.1:0', '--healthz-bind-address', '127.0.0.1:0', '--iptables-min-sync-period', '0s', ...extra], opts);
   running.push(r);
   const line = await r.waitForLine(/kube-userspace-proxy started/);
   const started = JSON.parse(line) as { admin: string; workers: number };
@@ -254,6 +254,21 @@ describe('--workers 2 stopping', () => {
     expect(p.r.stdout()).toMatch(/"cut":0,"msg":"stopped"/);
     expect(p.r.stdout().split('\n').filter((l) => l.includes('worker drained'))).toHaveLength(2);
     for (const w of figures) expect(gone(w.pid as number)).toBe(true);
+  });
+
+  it("Ctrl-C (SIGINT to the whole process group) drains through the controller: the workers do not just die", async () => {
+    // Its own process group, as a shell gives a foreground job: the signal reaches every process in it.
+    const p = await start(['--shutdown-grace-period', '60s'], { detached: true });
+    const held = [];
+    for (let i = 0; i < 10; i++) held.push(await hold(WEB, webPort));
+    expect((await workers(p)).every((w) => w.active > 0)).toBe(true);
+    process.kill(-(p.r.child.pid as number), 'SIGINT');
+    await p.r.waitForLine(/shutting down/);
+    for (const c of held) expect(await echoes(c)).toBe(true);
+    for (const c of held) c.socket.end();
+    for (const c of held) expect(await withDeadline(c.ended, 5000, 'the connection to end')).toBe('end');
+    expect(await withDeadline(p.r.exited, 20_000, 'the proxy to exit')).toBe(0);
+    expect(p.r.stdout()).toMatch(/"cut":0,"msg":"stopped"/);
   });
 
   it('a controller killed with SIGKILL leaves no worker behind, and a restart serves', async () => {
