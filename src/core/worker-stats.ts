@@ -64,11 +64,6 @@ function withoutGauges(f: readonly number[]): number[] {
   return out;
 }
 
-function sameFlat(a: readonly number[], b: readonly number[]): boolean {
-  for (let i = 0; i < FIELD_COUNT; i++) if (a[i] !== b[i]) return false;
-  return true;
-}
-
 export function seriesKey(l: SeriesLabels): string {
   return `${l.servicePort}|${l.protocol}|${l.scope}`;
 }
