@@ -4,14 +4,15 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { runCli, type Spawned } from './helpers/cli.js';
 import { waitFor } from './helpers/net.js';
-import { LAB, SERVICES as S, createLab, iptablesSkipReason, labState, nsAdminGet, nsExec, nsRequest, reportSkip, startBackend, type Lab } from './helpers/netns.js';
+import { LAB, SERVICES as S, createLab, iptablesSkipReason, labState, netnsSkipReason, nsAdminGet, nsExec, nsRequest, reportSkip, startBackend, type Lab } from './helpers/netns.js';
 
 /**
- * `--workers 2 --portal iptables` on a real (namespaced) node: the portal's REDIRECT rules send
- * traffic to one proxy port per service port, which both workers listen on; the kernel spreads
- * the connections over them.
+ * `--workers 2` on a real (namespaced) node, with each portal that sends node traffic to the
+ * proxy: iptables (REDIRECT to one proxy port per service port, which both workers listen on) and
+ * bind (the Service addresses made local, which both workers listen on). The kernel spreads the
+ * connections over the workers.
  */
-reportSkip('workers-netns-iptables.test.ts', iptablesSkipReason);
+reportSkip('workers-netns.test.ts', iptablesSkipReason ?? netnsSkipReason);
 
 interface Figures {
   worker: number;
@@ -45,7 +46,16 @@ async function manyRequests(ns: string, host: string, port: number, count: numbe
   return JSON.parse(stdout) as string[];
 }
 
-describe.skipIf(iptablesSkipReason !== undefined)(`--workers 2 --portal iptables in network namespaces${iptablesSkipReason ? ` [skipped: ${iptablesSkipReason}]` : ''}`, () => {
+const PORTALS = [
+  { portal: 'iptables', skip: iptablesSkipReason },
+  { portal: 'bind', skip: netnsSkipReason },
+] as const;
+
+describe.each(PORTALS)('--workers 2 --portal $portal in network namespaces', ({ portal, skip }) => {
+  if (skip !== undefined) {
+    it.skip(`[skipped: ${skip}]`, () => undefined);
+    return;
+  }
   let lab: Lab | undefined;
   let dir: string;
   let backend: Awaited<ReturnType<typeof startBackend>> | undefined;
@@ -57,11 +67,11 @@ describe.skipIf(iptablesSkipReason !== undefined)(`--workers 2 --portal iptables
     dir = await mkdtemp(join(tmpdir(), 'kup-netns-workers-'));
     const stateFile = join(dir, 'state.json');
     await writeFile(stateFile, labState(false));
-    lab = await createLab('wipt');
+    lab = await createLab(`w${portal}`);
     backend = await startBackend(lab.backend, LAB.backend, S.backendTcp, S.backendUdp, 'backend');
-    proxy = runCli(['--portal', 'iptables', '--workers', '2', '--state', stateFile, '--iptables-min-sync-period', '50ms'], { prefix: ['ip', 'netns', 'exec', lab.node] });
+    proxy = runCli(['--portal', portal, '--workers', '2', '--state', stateFile, '--iptables-min-sync-period', '50ms'], { prefix: ['ip', 'netns', 'exec', lab.node] });
     const line = await proxy.waitForLine(/kube-userspace-proxy started/);
-    expect(JSON.parse(line)).toMatchObject({ portal: 'iptables', workers: 2 });
+    expect(JSON.parse(line)).toMatchObject({ portal, workers: 2 });
     await waitFor(async () => (await workers()).every((w) => w.state === 'ready'), 'both workers to serve');
   }, 60_000);
 
@@ -72,21 +82,26 @@ describe.skipIf(iptablesSkipReason !== undefined)(`--workers 2 --portal iptables
     }
     backend?.stop();
     if (lab) {
-      await nsExec(lab.node, process.execPath, [join(process.cwd(), 'dist/src/main.js'), '--portal', 'iptables', '--cleanup']).catch(() => {});
+      await nsExec(lab.node, process.execPath, [join(process.cwd(), 'dist/src/main.js'), '--portal', portal, '--cleanup']).catch(() => {});
       await lab.destroy();
     }
     await rm(dir, { recursive: true, force: true });
   }, 60_000);
 
-  it('portal traffic from a pod reaches both workers through one proxy port per service port', async () => {
+  it('portal traffic from a pod reaches both workers, listening on one socket address each', async () => {
     const status = (await nsAdminGet(lab!.node, '/services')) as { services: Array<{ name: string; proxyPort: number | null; errors: string[] }> };
     const tcp = status.services.find((s) => s.name === 'default/echo:tcp');
     expect(tcp?.errors).toEqual([]);
-    const rules = (await nsExec(lab!.node, 'iptables-save', ['-t', 'nat'])).stdout;
-    const redirected = Number(/--comment "default\/echo:tcp" -m tcp --dport 80 -j REDIRECT --to-ports (\d+)/.exec(rules)?.[1]);
-    expect(redirected).toBe(tcp?.proxyPort);
-    // Both workers listen on that one port.
-    const listeners = (await nsExec(lab!.node, 'ss', ['-Hltnp', `sport = :${redirected}`])).stdout.trim().split('\n');
+    // Where the portal sends the ClusterIP's traffic: one proxy port (iptables), or the ClusterIP itself (bind).
+    let filter = `src ${S.echoIP}:${S.tcpPort}`;
+    if (portal === 'iptables') {
+      const rules = (await nsExec(lab!.node, 'iptables-save', ['-t', 'nat'])).stdout;
+      const redirected = Number(/--comment "default\/echo:tcp" -m tcp --dport 80 -j REDIRECT --to-ports (\d+)/.exec(rules)?.[1]);
+      expect(redirected).toBe(tcp?.proxyPort);
+      filter = `sport = :${redirected}`;
+    }
+    // Both workers listen there.
+    const listeners = (await nsExec(lab!.node, 'ss', ['-Hltnp', filter])).stdout.trim().split('\n');
     const pids = new Set(listeners.map((l) => /pid=(\d+)/.exec(l)?.[1]));
     expect(pids).toEqual(new Set((await workers()).map((w) => String(w.pid))));
 
