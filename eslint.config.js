@@ -8,15 +8,18 @@ import tseslint from 'typescript-eslint';
  *   src/seams/    the interfaces the proxier, the sources and the adapters meet through
  *   src/io/       thin adapters: sockets, the Kubernetes API, files, portals, HTTP
  *   src/proxier/  the sync loop and the unit set: drive the seams, never an adapter directly
- *   src/*.ts      the composition root (main, app, cli, config): builds and wires everything
+ *   src/workers/  the worker pool (controller side) and the worker's message loop: drive the
+ *                 seams (worker processes, unit sets) like proxier/, beside it
+ *   src/*.ts      the composition root (main, app, cli, config, worker-main): builds and wires everything
  */
 const LAYER_IMPORTS = {
   core: { allowed: ['core'], message: 'core/ is pure: it imports only core/' },
   seams: { allowed: ['core', 'seams'], message: 'seams/ holds interfaces: it imports only core/ and seams/' },
   io: { allowed: ['core', 'seams', 'io'], message: 'io/ imports only io/, core/ and seams/: what it needs from above comes in through a seam' },
   proxier: { allowed: ['core', 'seams', 'proxier'], message: 'proxier/ drives adapters through seams: it imports only core/, seams/ and proxier/' },
+  workers: { allowed: ['core', 'seams', 'workers'], message: 'workers/ drives worker processes and unit sets through seams: it imports only core/, seams/ and workers/' },
 };
-const LAYERS = ['core', 'seams', 'io', 'proxier'];
+const LAYERS = ['core', 'seams', 'io', 'proxier', 'workers'];
 
 /**
  * Patterns (relative specifiers) that leave `layer` for somewhere it may not import from, for a file

@@ -11,7 +11,7 @@
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 import { ServicePortStats, DIAL_LATENCY_BUCKETS } from '../src/core/stats.js';
 import type { ProxyUnit } from '../src/core/units.js';
-import { ProxyMetrics, type MetricsSources } from '../src/io/http/metrics.js';
+import { ProxyMetrics, type LiveStatsSources } from '../src/io/http/metrics.js';
 import { StatsLedger, type Series } from '../src/core/stats-ledger.js';
 import { SERVICE_PORT_FAMILIES } from '../src/io/http/service-port-metrics.js';
 
@@ -103,7 +103,7 @@ function promPerConnection(n: number): void {
 }
 
 // 4. A scrape with UNITS service ports: the ledger reads every unit, prom-client renders.
-function fakeProxier(units: number): MetricsSources {
+function fakeProxier(units: number): LiveStatsSources {
   const list = Array.from({ length: units }, (_, i) => {
     const unit = { id: `default/svc-${i}:http`, servicePort: `default/svc-${i}:http`, service: `default/svc-${i}`, protocol: i % 4 === 0 ? 'UDP' : 'TCP', scope: 'all', portals: [], endpoints: [], affinity: { type: 'None', timeoutSeconds: 10800 } } as ProxyUnit;
     const stats = new ServicePortStats();
@@ -151,7 +151,7 @@ async function scrapeCost(render: () => Promise<string>): Promise<{ ms: number; 
 }
 
 /** The design measured and not taken: one prom-client metric per family, filled by collect(). */
-function promCollectRegistry(proxier: MetricsSources): Registry {
+function promCollectRegistry(proxier: LiveStatsSources): Registry {
   const reg = new Registry();
   const ledger = new StatsLedger();
   let series: Series[] = [];

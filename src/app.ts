@@ -14,18 +14,17 @@ import { followProxier, startHealthServer } from './io/http/healthz.js';
 import { HttpServer, sendJson } from './io/http/http-server.js';
 import { attachMetrics } from './io/http/metrics.js';
 import { ServiceHealthServer, healthCheckHosts } from './io/http/service-health.js';
-import { DirectDialer } from './io/net/direct-dialer.js';
-import { TcpProxySocket } from './io/net/tcp-proxy.js';
-import { UdpProxySocket } from './io/net/udp-proxy.js';
+import { attachWorkerFigures, renderWorkerMetrics } from './io/http/worker-metrics.js';
 import { UdpReceiveBuffers } from './io/net/udp-receive-buffers.js';
 import { systemNodeAddresses } from './io/portal/node-addresses.js';
 import { startLocalNames, type LocalNames } from './local-names.js';
 import type { Logger } from './log.js';
 import { Proxier } from './proxier/proxier.js';
-import { LocalUnitSet, type ProxySocketFactory } from './proxier/unit-set.js';
+import { LocalUnitSet } from './proxier/unit-set.js';
+import { proxySocketFactory } from './proxy-sockets.js';
 import type { Portal } from './seams/portal.js';
-import type { ProxySocket } from './seams/proxy-socket.js';
 import type { UnitSet } from './seams/unit-set.js';
+import { createWorkerPool, resolveWorkers, sweepIntervalMs } from './start-workers.js';
 import { VERSION } from './version.js';
 
 /** A running proxy: what main and the demo hold on to. */
@@ -43,17 +42,6 @@ export interface RunningProxy {
   names: LocalNames;
   /** Stop accepting, let connections finish for the grace period, close everything. */
   stop(graceMs?: number): Promise<{ cut: number }>;
-}
-
-function socketFactory(config: ProxyConfig, logger: Logger, receiveBuffers: UdpReceiveBuffers): ProxySocketFactory {
-  const dialer = new DirectDialer({ keepAliveMs: config.tcpKeepAliveMs });
-  return (unit, balancer, stats): ProxySocket => {
-    // The sockets bind their own {component, service} child logger, and only when they first log.
-    if (unit.protocol === 'UDP') {
-      return new UdpProxySocket({ name: unit.id, balancer, logger, stats, idleTimeoutMs: config.udpIdleTimeoutMs, maxSessions: config.maxUdpSessions, receiveBuffers });
-    }
-    return new TcpProxySocket({ name: unit.id, balancer, dialer, logger, stats, keepAliveMs: config.tcpKeepAliveMs, idleTimeoutMs: config.tcpIdleTimeoutMs });
-  };
 }
 
 /** Runs what was started so far in reverse order, past failures: a failed start leaves nothing behind. */
@@ -104,15 +92,18 @@ async function start(config: ProxyConfig, logger: Logger, started: Started): Pro
   const limit = readOpenFileLimit();
   const budget = descriptorBudget(limit === undefined ? Infinity : Math.min(limit.soft, limit.hard));
   if (budget.maxListeners !== Infinity) logger.debug({ ...budget }, 'open files: listening sockets bounded so that connections keep theirs');
-  const units = new LocalUnitSet({
+  // --workers N >= 2: the sockets live in worker processes, launched once the source is found.
+  const workers = resolveWorkers(config.workers);
+  const pool = workers > 1 ? createWorkerPool(config, workers, logger) : undefined;
+  const units: UnitSet = pool ?? new LocalUnitSet({
     logger,
     balancerFactory: roundRobinFactory,
-    socketFactory: socketFactory(config, logger, receiveBuffers),
+    socketFactory: proxySocketFactory(config, logger, receiveBuffers),
     portAllocator: new PortAllocator(config.proxyPortRange, Math.random),
     clock: systemClock,
     random: Math.random,
     bindAddress: config.bindAddress,
-    sweepIntervalMs: Math.max(10, Math.min(1000, Math.floor(config.udpIdleTimeoutMs / 4))),
+    sweepIntervalMs: sweepIntervalMs(config),
     maxListeners: budget.maxListeners,
   });
   const proxier = new Proxier({
@@ -130,11 +121,21 @@ async function start(config: ProxyConfig, logger: Logger, started: Started): Pro
   // Before anything is started: a bad flag or no cluster to be found is one line and exit 2.
   const source = await createSource(config, { logger, nodeName, onNode: (node) => health.setNode(node) });
   await portal.start();
+  if (pool) {
+    await pool.launch();
+    started.add(() => pool.shutdown(0));
+  }
   // Health and metrics follow the loop's events, as kube-proxy's trackers do.
   followProxier(health, proxier);
   const admin = new HttpServer(logger.child({ component: 'admin' }));
-  admin.route('/services', (_req, res) => sendJson(res, 200, { version: VERSION, portal: portal.mode, node: proxier.node.name, services: proxier.status() }));
-  const metrics = attachMetrics(admin, { events: proxier, stats: () => units.stats() }, { kernelCounters: receiveBuffers });
+  admin.route('/services', async (_req, res) => {
+    await units.refresh();
+    sendJson(res, 200, { version: VERSION, portal: portal.mode, node: proxier.node.name, services: proxier.status() });
+  });
+  const metrics = pool
+    ? attachMetrics(admin, { events: proxier, read: () => pool.readStats() }, { renderMore: () => renderWorkerMetrics(pool) })
+    : attachMetrics(admin, { events: proxier, stats: () => units.stats() }, { kernelCounters: receiveBuffers });
+  if (pool) attachWorkerFigures(admin, pool);
   const serviceHealth = new ServiceHealthServer({ hosts: healthCheckHosts(config.portal, config.nodePortAddresses, systemNodeAddresses), logger, proxyHealthy: () => health.isHealthy() });
   started.add(() => serviceHealth.close());
   proxier.onSync((e) => void serviceHealth.sync(e.serviceHealth));
@@ -154,7 +155,7 @@ async function start(config: ProxyConfig, logger: Logger, started: Started): Pro
   resync.unref();
   const adminAddress = hostPort({ host: adminBound.address, port: adminBound.port });
   const healthzAddress = hostPort({ host: healthz.address.address, port: healthz.address.port });
-  logger.info({ portal: portal.mode, node: nodeName, source: config.stateFile ?? 'kubernetes API', admin: adminAddress, healthz: healthzAddress, dns: names.dnsAddress }, 'kube-userspace-proxy started');
+  logger.info({ portal: portal.mode, node: nodeName, source: config.stateFile ?? 'kubernetes API', admin: adminAddress, healthz: healthzAddress, dns: names.dnsAddress, workers }, 'kube-userspace-proxy started');
   return {
     proxier,
     units,

@@ -40,7 +40,8 @@ export function buildProgram(capture: { out: string; err: string }): Command {
     .option('--udp-timeout <duration>', `how long an idle UDP session lives (default: ${DEFAULTS.udpTimeout})`)
     .option('--tcp-keepalive <duration>', `TCP keepalive probes on both legs of a connection after this long without traffic, in whole seconds; 0 turns them off (default: ${DEFAULTS.tcpKeepalive})`)
     .option('--tcp-idle-timeout <duration>', `close a TCP connection after this long without a byte either way; 0 never does (default: ${DEFAULTS.tcpIdleTimeout})`)
-    .option('--max-udp-sessions <n>', `UDP sessions per service port; past it the oldest idle one is reclaimed (default: ${DEFAULTS.maxUdpSessions})`)
+    .option('--max-udp-sessions <n>', `UDP sessions per service port on this node, shared equally among the workers (each holds at most n/workers, rounded up); past it the oldest idle one is reclaimed (default: ${DEFAULTS.maxUdpSessions})`)
+    .option('--workers <n>', 'processes that serve connections: a number, or auto for one per core (os.availableParallelism()); 1 serves from this process alone (default: auto with --portal iptables or bind, 1 with loopback)')
     .option('--metrics-bind-address <host:port>', `where the metrics and status server listens (default: ${DEFAULTS.metricsBindAddress})`)
     .option('--healthz-bind-address <host:port>', `where the health server listens (default: ${DEFAULTS.healthzBindAddress})`)
     .option('--iptables-sync-period <duration>', `the longest time between full resyncs (default: ${DEFAULTS.iptablesSyncPeriod})`)
@@ -62,7 +63,7 @@ export function buildProgram(capture: { out: string; err: string }): Command {
 /** The flags whose string value is handed on unchanged, under the same name. */
 const STRING_OPTIONS = [
   'config', 'writeConfigTo', 'state', 'portal', 'kubeconfig', 'master', 'hostnameOverride', 'bindAddress',
-  'proxyPortRange', 'udpTimeout', 'maxUdpSessions', 'tcpKeepalive', 'tcpIdleTimeout', 'metricsBindAddress', 'healthzBindAddress',
+  'proxyPortRange', 'udpTimeout', 'maxUdpSessions', 'tcpKeepalive', 'tcpIdleTimeout', 'workers', 'metricsBindAddress', 'healthzBindAddress',
   'iptablesSyncPeriod', 'iptablesMinSyncPeriod', 'nodeportAddresses', 'serviceClusterIpRange',
   'shutdownGracePeriod', 'configSyncPeriod', 'logLevel', 'dnsBindAddress', 'clusterDomain', 'hostsFile',
 ] as const satisfies ReadonlyArray<keyof RawOptions>;

@@ -38,7 +38,7 @@ export interface ProxyConfig {
   /** `--service-cluster-ip-range`: the range made local by the bind portal. */
   serviceClusterIPRanges: string[];
   shutdownGracePeriodMs: number;
-  /** Bound on UDP sessions per service port. */
+  /** Bound on UDP sessions per service port over the node (each worker holds its share). */
   maxUdpSessions: number;
   /** `--dns-bind-address`: where the DNS responder for Service names listens (off when unset). */
   dnsBindAddress?: HostPort;
@@ -46,6 +46,11 @@ export interface ProxyConfig {
   clusterDomain: string;
   /** `--hosts-file`: the hosts-format file that keeps a block of Service names. */
   hostsFile?: string;
+  /**
+   * `--workers`: processes that serve connections; `auto` is one per core
+   * (os.availableParallelism(), resolved at start). 1 serves from the controller's own process.
+   */
+  workers: number | 'auto';
   cleanup: boolean;
 }
 
@@ -70,6 +75,7 @@ export interface RawOptions {
   serviceClusterIpRange?: string;
   shutdownGracePeriod?: string;
   maxUdpSessions?: string;
+  workers?: string;
   configSyncPeriod?: string;
   dnsBindAddress?: string;
   clusterDomain?: string;
@@ -97,6 +103,27 @@ export const DEFAULTS = {
   configSyncPeriod: '15m',
   clusterDomain: 'cluster.local',
 };
+
+/**
+ * `--workers` when not given: every core where the proxy serves the node's traffic (`iptables`,
+ * `bind`), as kube-proxy does (Go's runtime runs on every core); one process for `loopback`, the
+ * mode of a laptop and the demo, where one process is simpler to follow and is plenty.
+ */
+export function defaultWorkers(portal: PortalMode): 'auto' | 1 {
+  return portal === 'loopback' ? 1 : 'auto';
+}
+
+/** `auto`, or a whole number from 1 to MAX_WORKERS. */
+export const MAX_WORKERS = 256;
+
+export function parseWorkers(value: string, what: string): number | 'auto' {
+  if (value === 'auto') return 'auto';
+  const n = Number(value);
+  if (!/^\d+$/.test(value) || !Number.isInteger(n) || n < 1 || n > MAX_WORKERS) {
+    throw new UsageError(`${what}: "${value}" is neither auto nor a whole number from 1 to ${MAX_WORKERS}`);
+  }
+  return n;
+}
 
 function flag(name: string, fn: () => unknown): void {
   try {
@@ -174,6 +201,7 @@ export function buildConfig(raw: RawOptions): ProxyConfig {
     shutdownGracePeriodMs: duration('shutdown-grace-period', raw.shutdownGracePeriod ?? DEFAULTS.shutdownGracePeriod),
     maxUdpSessions,
     clusterDomain: parseClusterDomain(raw.clusterDomain ?? DEFAULTS.clusterDomain, '--cluster-domain'),
+    workers: raw.workers === undefined ? defaultWorkers(portal) : parseWorkers(raw.workers, '--workers'),
     cleanup: raw.cleanup ?? false,
   };
   if (raw.dnsBindAddress) {

@@ -4,7 +4,7 @@ import { hostPort, isIP, parseCidrFlag, parseHostPort } from './core/address.js'
 import { parseClusterDomain } from './core/cluster-names.js';
 import { formatDuration, parseDuration } from './core/duration.js';
 import { formatPortRange, parsePortRange } from './core/port-allocator.js';
-import type { ProxyConfig, RawOptions } from './config.js';
+import { parseWorkers, type ProxyConfig, type RawOptions } from './config.js';
 import { ProxyError, UsageError, errnoCode } from './core/errors.js';
 import { PORTAL_MODES } from './seams/portal.js';
 import { LOG_LEVELS } from './log.js';
@@ -182,6 +182,14 @@ const SCHEMA: Schema = {
         apply: (v, at, out) => {
           if ((v as number) < 1) throw new UsageError(`${at}: ${String(v)} is not a positive whole number`);
           out.maxUdpSessions = String(v);
+        },
+      },
+      // A whole number or "auto": YAML hands over either type.
+      workers: {
+        type: 'opaque',
+        apply: (v, at, out) => {
+          if (typeof v !== 'string' && typeof v !== 'number') throw new UsageError(`${at}: expected a whole number or "auto", got ${describe(v)}`);
+          out.workers = String(parseWorkers(String(v), at));
         },
       },
       serviceClusterIPRanges: {
@@ -399,6 +407,7 @@ export function toKubeProxyConfiguration(config: ProxyConfig): Record<string, un
       tcpKeepAlive: formatDuration(config.tcpKeepAliveMs),
       tcpIdleTimeout: formatDuration(config.tcpIdleTimeoutMs),
       maxUDPSessions: config.maxUdpSessions,
+      workers: config.workers,
       serviceClusterIPRanges: config.serviceClusterIPRanges,
       logLevel: config.logLevel,
       dnsBindAddress: config.dnsBindAddress ? hostPort(config.dnsBindAddress) : '',

@@ -49,7 +49,7 @@ http {
  * proxy's sessions; `proxy_responses 1` would add a session per datagram.
  */
 export function nginxStreamConf(dir: string, module: string, asRoot: boolean, host: string, services: readonly BenchService[], workers = 1): string {
-  // Several workers share the listening sockets through SO_REUSEPORT, as the proxy's do through cluster.
+  // Several workers each listen with SO_REUSEPORT, as the proxy's --workers do.
   const reuse = workers > 1 ? ' reuseport' : '';
   const servers = services.map((s) => {
     const { port, protocol } = SERVICES[s];

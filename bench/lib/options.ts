@@ -1,3 +1,4 @@
+import { availableParallelism } from 'node:os';
 import { parseArgs } from 'node:util';
 import { SYSTEM_IDS, type SystemId } from './plan.js';
 
@@ -26,7 +27,7 @@ export interface Options {
   /** Cores for the proxies and for the rest, in taskset's list syntax (`0`, `0,1`, `2-3`). */
   proxyCpus: string;
   loadCpus: string;
-  /** Processes (the proxy, under cluster-launcher), workers (nginx) or threads (HAProxy) per proxy. */
+  /** Worker processes (the proxy's --workers, nginx's worker_processes) or threads (HAProxy's nbthread) per proxy. */
   workers: number;
   keepTemp: boolean;
   /** Run the proxy under --cpu-prof and write a flame graph and a summary per run. */
@@ -57,10 +58,12 @@ export const USAGE = `usage: node dist/bench/run.js [options]   (npm run bench)
   --move-ports N        service ports loaded during the endpoint move (default 10000)
   --idle-conns N        idle proxied connections held open (default 9000)
   --out DIR             where the JSON and SVG go (default bench/results)
-  --proxy-cpu LIST      core(s) for the proxies, taskset syntax (default 0)
-  --load-cpu LIST       core(s) for backends, load generators and the harness (default 1)
-  --workers N           N proxy worker processes sharing the listening sockets (node:cluster),
-                        nginx with N workers, HAProxy with N threads (default 1; scale runs use 1)
+  --proxy-cpu LIST      core(s) for the proxies, taskset syntax (default 0; with --workers N, every core)
+  --load-cpu LIST       core(s) for backends, load generators and the harness (default 1; with
+                        --workers N, every core)
+  --workers N           the cores dimension: the proxy with --workers N, nginx with N worker
+                        processes, HAProxy with N threads, all on every core unless pinned otherwise
+                        (default 1: one worker each, pinned apart: the per-core figures; scale runs use 1)
   --no-pin              do not pin anything with taskset
   --profile             run the proxy under --cpu-prof; write flame graphs beside the results
   --proxy-arg=FLAG      pass FLAG to the proxy CLI (repeatable), e.g. --proxy-arg=--log-level=warn
@@ -132,6 +135,10 @@ export function parseOptions(argv: readonly string[], defaultOutDir: string): Op
     strict: true,
   });
   const scalePorts = (values.scale ?? '1000,10000').split(',').map((s) => int('scale', s.trim(), 0, 1));
+  const workers = int('workers', values.workers, 1, 1);
+  // The cores dimension: every system with N workers, all of them (and the load) on every core.
+  const manyWorkers = workers > 1;
+  const allCores = `0-${availableParallelism() - 1}`;
   const o: Options = {
     runs: int('runs', values.runs, 5, 1),
     durationS: int('duration', values.duration, 5, 1),
@@ -143,9 +150,9 @@ export function parseOptions(argv: readonly string[], defaultOutDir: string): Op
     idleConns: int('idle-conns', values['idle-conns'], 9000, 1),
     outDir: values.out ?? defaultOutDir,
     pin: !values['no-pin'],
-    proxyCpus: cpuList('proxy-cpu', values['proxy-cpu'] ?? '0'),
-    loadCpus: cpuList('load-cpu', values['load-cpu'] ?? '1'),
-    workers: int('workers', values.workers, 1, 1),
+    proxyCpus: cpuList('proxy-cpu', values['proxy-cpu'] ?? (manyWorkers ? allCores : '0')),
+    loadCpus: cpuList('load-cpu', values['load-cpu'] ?? (manyWorkers ? allCores : '1')),
+    workers,
     keepTemp: values['keep-temp'] ?? false,
     profile: values.profile ?? false,
     proxyArgs: values['proxy-arg'] ?? [],

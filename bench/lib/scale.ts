@@ -48,12 +48,12 @@ export const SCALE_INFO = {
   }),
 };
 
-/** Distinct scale addresses with a listening socket on the scale port. */
+/** Listening sockets on the scale port of the scale addresses (one per address and worker). */
 function listeningScalePorts(): number {
-  const hosts = new Set<string>();
+  let n = 0;
   const prefix = `${SCALE_LOOPBACK_PREFIX}.`;
-  for (const s of sockets('tcp')) if (s.state === '0A' && s.port === SCALE_PORT && s.host.startsWith(prefix)) hosts.add(s.host);
-  return hosts.size;
+  for (const s of sockets('tcp')) if (s.state === '0A' && s.port === SCALE_PORT && s.host.startsWith(prefix)) n++;
+  return n;
 }
 
 /** Milliseconds from `since` (epoch ms) to the first log line with this msg at or after `since` (pino JSON lines). */
@@ -90,8 +90,11 @@ function writeAtomically(file: string, text: string): void {
   renameSync(`${file}.tmp`, file);
 }
 
-/** Start a proxy serving `n` service ports; resolves once every one listens, with the start-up figures. */
-async function startScaleProxy(ctx: Context, n: number, tag: string, probe: HostPort): Promise<ScaleProxy> {
+/**
+ * Start a proxy serving `n` service ports with `workers` worker processes; resolves once every one
+ * listens in every worker, with the start-up figures.
+ */
+async function startScaleProxy(ctx: Context, n: number, tag: string, probe: HostPort, workers = 1): Promise<ScaleProxy> {
   const dir = join(ctx.tmp, `scale-${n}-${tag}`);
   mkdirSync(dir, { recursive: true });
   const stateFile = join(dir, 'state.json');
@@ -99,8 +102,9 @@ async function startScaleProxy(ctx: Context, n: number, tag: string, probe: Host
   const logFile = join(dir, 'out.log');
   const wall0 = Date.now();
   const t0 = performance.now();
-  const started = spawnProxy(ctx, { name: `proxy with ${n} service ports`, workers: 1, slug: `proxy-scale-${n}-${tag}`, stateFile, admin: SCALE_ADMIN, extraArgs: ctx.options.proxyArgs, logFile });
-  await waitUntil(() => listeningScalePorts() >= n, `${n} service ports listening`, 120_000, { everyMs: 10, process: started });
+  const started = spawnProxy(ctx, { name: `proxy with ${n} service ports`, workers, slug: `proxy-scale-${n}-${tag}`, stateFile, admin: SCALE_ADMIN, extraArgs: ctx.options.proxyArgs, logFile });
+  // Each worker listens on every port (SO_REUSEPORT): the table lists one socket per worker.
+  await waitUntil(() => listeningScalePorts() >= n * workers, `${n} service ports listening`, 120_000, { everyMs: 10, process: started });
   const listenMs = performance.now() - t0;
   // CPU time next to wall time: on a shared machine the gap is time spent waiting for the core.
   const cpuMs = cpuSeconds([started.pid]) * 1000;
@@ -145,7 +149,8 @@ export async function endpointMove(ctx: Context, n: number, runs: number, record
   const workload = `endpoint-move@${n}`;
   let proxy: ScaleProxy | undefined;
   try {
-    proxy = await startScaleProxy(ctx, n, 'move', { host: BACKEND_HOST, port: PROBE_PORT });
+    // With --workers N the move must reach every worker: probes land on all of them.
+    proxy = await startScaleProxy(ctx, n, 'move', { host: BACKEND_HOST, port: PROBE_PORT }, ctx.options.workers);
     const target: HostPort = { host: scaleClusterIP(0).replace(/^10\./, '127.'), port: SCALE_PORT };
     const first = await httpOnce(target, 5000);
     if (first !== 'A') throw new Error(`the probe Service answered "${first}" before any move, expected "A"`);

@@ -1,6 +1,5 @@
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { isRoot } from './backends.js';
 import { haproxyConf, nginxStreamConf } from './configs.js';
 import type { Context } from './context.js';
@@ -50,7 +49,7 @@ async function waitBound(started: Started, host: string, services: readonly Benc
 
 export interface ProxyStart {
   name: string;
-  /** Worker processes sharing the listening sockets (1: the CLI itself, no launcher). */
+  /** `--workers`: worker processes serving the data path (1: the CLI's own process). */
   workers: number;
   /** File-name-safe name, for its CPU profile under --profile. */
   slug: string;
@@ -66,15 +65,14 @@ export function spawnProxy(ctx: Context, s: ProxyStart): Started {
   // With workers every process writes a profile: node's default names keep them apart.
   const profileName = s.workers > 1 ? [] : [`--cpu-prof-name=${s.slug}.cpuprofile`];
   const profile = ctx.profileDir ? ['--cpu-prof', `--cpu-prof-dir=${ctx.profileDir}`, ...profileName] : [];
-  // Several workers: node:cluster runs the CLI in each, with the node flags given here.
-  const launcher = s.workers > 1 ? [fileURLToPath(new URL('./cluster-launcher.js', import.meta.url)), String(s.workers)] : [];
   const args = [
     ...profile,
     ...ctx.options.nodeArgs,
-    ...launcher,
     ctx.proxyMain,
     '--state', s.stateFile,
     '--portal', 'loopback',
+    // The proxy's own worker processes (they inherit the node flags given here, and the pinning).
+    '--workers', String(s.workers),
     '--metrics-bind-address', `${s.admin.host}:${s.admin.port}`,
     // The health server's default (0.0.0.0:10256) would collide between proxies; any port will do.
     '--healthz-bind-address', '127.0.0.1:0',

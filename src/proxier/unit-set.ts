@@ -1,15 +1,16 @@
-import type { LoadBalancer, BalancerFactory } from '../core/balancer/load-balancer.js';
+import type { LoadBalancer, BalancerFactory, BalancerDeps } from '../core/balancer/load-balancer.js';
 import type { Clock, RandomSource } from '../core/clock.js';
 import { hostPort } from '../core/address.js';
-import { errnoCode } from '../core/errors.js';
+import { ProxyError, errnoCode } from '../core/errors.js';
 import type { Endpoint } from '../core/model.js';
 import type { PortAllocator } from '../core/port-allocator.js';
 import { ServicePortStats } from '../core/stats.js';
 import type { ProxyUnit } from '../core/units.js';
 import type { Logger } from '../seams/logger.js';
+import type { AffinityShare, UnitStickyUpdates } from '../seams/affinity-share.js';
 import type { ListenSpec, RunningUnitView } from '../seams/portal.js';
 import type { BoundAddress, ProxySocket } from '../seams/proxy-socket.js';
-import type { UnitBatch, UnitBatchResult, UnitOpen, UnitSet, UnitStats, UnitStatus } from '../seams/unit-set.js';
+import type { UnitBatch, UnitBatchResult, UnitOpen, UnitProxyPort, UnitSet, UnitStats, UnitStatus } from '../seams/unit-set.js';
 
 /** Builds the sockets of one unit; the composition root wires TCP and UDP proxy sockets here. */
 export type ProxySocketFactory = (unit: ProxyUnit, balancer: LoadBalancer, stats: ServicePortStats) => ProxySocket;
@@ -31,6 +32,11 @@ export interface LocalUnitSetOptions {
    * connection and the proxy's own work need. Default: no bound.
    */
   maxListeners?: number;
+  /**
+   * Set in a worker process (`--workers`): its siblings serve the same units, and its balancers
+   * agree with theirs (core/balancer/round-robin.ts). `onStickyChange`: takeStickyUpdates() has news.
+   */
+  shared?: { seed: number; worker: number; onStickyChange(): void };
 }
 
 /** One listener a unit wants, and what became of it. */
@@ -43,6 +49,8 @@ interface ListenerState {
 interface RunningUnit {
   unit: ProxyUnit;
   preferredProxyPort?: number;
+  /** The proxy port another worker bound, which this one must bind too (0: none yet). */
+  fixedProxyPort?: number;
   balancer: LoadBalancer;
   stats: ServicePortStats;
   socket: ProxySocket;
@@ -56,7 +64,7 @@ interface RunningUnit {
  * apply; the unit's other listeners serve meanwhile. Closed units' sockets stop accepting at once,
  * and their connections run on until they end ("retired").
  */
-export class LocalUnitSet implements UnitSet {
+export class LocalUnitSet implements UnitSet, AffinityShare {
   private readonly log: Logger;
   private readonly units = new Map<string, RunningUnit>();
   /** Sockets closed by an apply whose connections still run: tracked for shutdown. */
@@ -67,12 +75,17 @@ export class LocalUnitSet implements UnitSet {
   /** Listeners bound and listeners failing now, over every running unit (kept, not counted). */
   private bound = 0;
   private failing = 0;
+  /** Proxy ports bound during the apply under way: its result tells the other workers. */
+  private boundProxyPorts: UnitProxyPort[] = [];
+  /** Units whose balancers have sticky entries to share (shared balancing). */
+  private readonly stickyNews = new Set<string>();
 
   constructor(private readonly opts: LocalUnitSetOptions) {
     this.log = opts.logger.child({ component: 'unit-set' });
   }
 
   async apply(batch: UnitBatch): Promise<UnitBatchResult> {
+    this.boundProxyPorts = [];
     let listenErrors = 0;
     const failedListeners = (id: string): number => this.units.get(id)?.listeners.filter((l) => l.error).length ?? 0;
     for (const id of batch.close) this.closeUnit(id);
@@ -86,8 +99,15 @@ export class LocalUnitSet implements UnitSet {
       listenErrors += failedListeners(o.unit.id);
     }
     for (const u of batch.update) this.updateUnit(u);
+    for (const { id, port } of batch.proxyPorts ?? []) {
+      const ru = this.units.get(id);
+      if (ru !== undefined && ru.proxyPort === undefined) ru.fixedProxyPort = port;
+    }
     const retried = batch.retryFailedListeners === false ? { failed: 0, bound: 0 } : await this.retryListeners(batch);
-    return { listenErrors: listenErrors + retried.failed, rebound: retried.bound };
+    const result: UnitBatchResult = { listenErrors: listenErrors + retried.failed, rebound: retried.bound };
+    if (this.boundProxyPorts.length > 0) result.proxyPorts = this.boundProxyPorts;
+    this.boundProxyPorts = [];
+    return result;
   }
 
   views(): RunningUnitView[] {
@@ -102,6 +122,33 @@ export class LocalUnitSet implements UnitSet {
 
   stats(): UnitStats[] {
     return [...this.units.values()].map((ru) => ({ unit: ru.unit, stats: ru.stats, active: ru.socket.active() }));
+  }
+
+  async refresh(): Promise<void> {
+    // status() and activeConnections() read this process's sockets: always up to date.
+  }
+
+  takeStickyUpdates(): UnitStickyUpdates[] {
+    const out: UnitStickyUpdates[] = [];
+    for (const id of this.stickyNews) {
+      const updates = this.units.get(id)?.balancer.takeStickyUpdates?.() ?? [];
+      if (updates.length > 0) out.push({ unit: id, updates });
+    }
+    this.stickyNews.clear();
+    return out;
+  }
+
+  mergeSticky(batches: readonly UnitStickyUpdates[]): void {
+    for (const { unit, updates } of batches) this.units.get(unit)?.balancer.mergeSticky?.(updates);
+  }
+
+  stickyEntries(): UnitStickyUpdates[] {
+    const out: UnitStickyUpdates[] = [];
+    for (const ru of this.units.values()) {
+      const updates = ru.balancer.stickyEntries?.() ?? [];
+      if (updates.length > 0) out.push({ unit: ru.unit.id, updates });
+    }
+    return out;
   }
 
   endpoints(id: string): readonly Endpoint[] | undefined {
@@ -153,11 +200,23 @@ export class LocalUnitSet implements UnitSet {
     return { cut };
   }
 
-  private async openUnit({ unit, listen, preferredProxyPort }: UnitOpen): Promise<void> {
+  private async openUnit({ unit, listen, preferredProxyPort, proxyPort }: UnitOpen): Promise<void> {
     if (this.stopping) return;
     // Only after a batch that failed half-way can a unit be opened twice: never leak the first.
     this.closeUnit(unit.id);
-    const balancer = this.opts.balancerFactory({ clock: this.opts.clock, random: this.opts.random });
+    const deps: BalancerDeps = { clock: this.opts.clock, random: this.opts.random };
+    const shared = this.opts.shared;
+    if (shared !== undefined) {
+      deps.shared = {
+        seed: shared.seed,
+        worker: shared.worker,
+        onStickyChange: () => {
+          this.stickyNews.add(unit.id);
+          shared.onStickyChange();
+        },
+      };
+    }
+    const balancer = this.opts.balancerFactory(deps);
     balancer.setAffinity(unit.affinity);
     balancer.setEndpoints(unit.endpoints);
     const stats = new ServicePortStats();
@@ -165,6 +224,7 @@ export class LocalUnitSet implements UnitSet {
     const listeners = listen.map((spec) => ({ spec }));
     const ru: RunningUnit = { unit, balancer, stats, socket, listeners };
     if (preferredProxyPort !== undefined) ru.preferredProxyPort = preferredProxyPort;
+    if (proxyPort !== undefined) ru.fixedProxyPort = proxyPort;
     this.units.set(unit.id, ru);
     for (const l of listeners) await this.bindListener(ru, l);
     if (this.log.isLevelEnabled('debug')) this.log.debug({ service: unit.id, endpoints: unit.endpoints.map((e) => e.addr) }, 'opened service port');
@@ -231,6 +291,7 @@ export class LocalUnitSet implements UnitSet {
   }
 
   private async bindProxyPort(ru: RunningUnit, host: string): Promise<BoundAddress> {
+    if (ru.fixedProxyPort !== undefined) return this.bindFixedProxyPort(ru, host, ru.fixedProxyPort);
     // The port the portal's rules pointed at last, if free: conntrack entries of ongoing flows point there.
     const preferred = ru.preferredProxyPort;
     for (let attempt = 0; ; attempt++) {
@@ -238,6 +299,7 @@ export class LocalUnitSet implements UnitSet {
       try {
         const bound = await ru.socket.listen({ host: host || this.opts.bindAddress, port });
         ru.proxyPort = bound.port;
+        this.boundProxyPorts.push({ id: ru.unit.id, port: bound.port });
         return bound;
       } catch (err) {
         const inUse = errnoCode(err) === 'EADDRINUSE';
@@ -250,6 +312,24 @@ export class LocalUnitSet implements UnitSet {
         if (port !== 0) this.opts.portAllocator.release(port);
         throw err;
       }
+    }
+  }
+
+  /**
+   * The port a sibling worker bound for this unit, and no other: the portal sends the whole node's
+   * traffic for the unit there. Marked taken in this worker's allocator too, so that, should this
+   * worker bind the next new units, it does not hand the port out again.
+   */
+  private async bindFixedProxyPort(ru: RunningUnit, host: string, port: number): Promise<BoundAddress> {
+    if (port === 0) throw new ProxyError('STARTUP', 'no proxy port yet: the first worker could not bind one (see its error)');
+    this.opts.portAllocator.markInUse(port);
+    try {
+      const bound = await ru.socket.listen({ host: host || this.opts.bindAddress, port });
+      ru.proxyPort = bound.port;
+      return bound;
+    } catch (err) {
+      this.opts.portAllocator.release(port);
+      throw err;
     }
   }
 

@@ -19,6 +19,12 @@ export interface UnitOpen {
    * rules, and so the conntrack entries of ongoing flows, pointed at last). Any other will do.
    */
   preferredProxyPort?: number;
+  /**
+   * The proxy port to bind, exactly: another worker of this node bound it first (`--workers`), and
+   * the portal sends every worker's share of the traffic there. 0: that worker has none yet (its
+   * bind failed); the unit waits for one (UnitBatch.proxyPorts).
+   */
+  proxyPort?: number;
 }
 
 /** One sync's worth of changes, applied in this order: close, recreate, open, update. */
@@ -35,6 +41,16 @@ export interface UnitBatch {
    * moves endpoints, leaves that to the next full sync.
    */
   retryFailedListeners?: boolean;
+  /**
+   * Running units whose proxy port the first worker bound only now (it had failed before): bind
+   * that one (`--workers`).
+   */
+  proxyPorts?: UnitProxyPort[];
+}
+
+export interface UnitProxyPort {
+  id: string;
+  port: number;
 }
 
 export interface UnitBatchResult {
@@ -42,6 +58,8 @@ export interface UnitBatchResult {
   listenErrors: number;
   /** Listeners that failed before and are bound now: the portal has more to program. */
   rebound: number;
+  /** Proxy ports bound in this apply (new units' and rebound ones'): what the other workers bind. */
+  proxyPorts?: UnitProxyPort[];
 }
 
 /** What /services reports for a unit. */
@@ -69,8 +87,18 @@ export interface UnitSet {
   apply(batch: UnitBatch): Promise<UnitBatchResult>;
   /** Every running unit and its proxy port: what the portal programs. */
   views(): RunningUnitView[];
+  /** As of the last refresh() where the units live in other processes. */
   status(): UnitStatus[];
+  /**
+   * The live counters of the units in this process; empty when they live in worker processes, whose
+   * counters are read and summed elsewhere (workers/worker-pool.ts).
+   */
   stats(): UnitStats[];
+  /**
+   * Bring status() and activeConnections() up to date where they are read from other processes
+   * (`--workers`): ask them. Nothing to do for the units of this process.
+   */
+  refresh(): Promise<void>;
   /** The endpoints a unit's balancer holds now (tests, /services). */
   endpoints(id: string): readonly Endpoint[] | undefined;
   listenerCount(): number;

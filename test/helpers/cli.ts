@@ -16,9 +16,11 @@ export interface Spawned {
 }
 
 /** Spawn the built CLI as a black box (corepack's tests/_runCli.ts style). */
-export function runCli(args: string[], opts: { prefix?: string[]; env?: NodeJS.ProcessEnv } = {}): Spawned {
+export function runCli(args: string[], opts: { prefix?: string[]; env?: NodeJS.ProcessEnv; detached?: boolean } = {}): Spawned {
   const [cmd, ...pre] = opts.prefix ?? [];
-  const child = cmd ? spawn(cmd, [...pre, process.execPath, MAIN, ...args], { env: opts.env ?? process.env }) : spawn(process.execPath, [MAIN, ...args], { env: opts.env ?? process.env });
+  // detached: a process group of its own (as a shell's foreground job), for signals to the group.
+  const spawnOpts = { env: opts.env ?? process.env, detached: opts.detached ?? false };
+  const child = cmd ? spawn(cmd, [...pre, process.execPath, MAIN, ...args], spawnOpts) : spawn(process.execPath, [MAIN, ...args], spawnOpts);
   let out = '';
   let err = '';
   const waiters: Array<() => void> = [];

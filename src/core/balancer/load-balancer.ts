@@ -32,11 +32,50 @@ export interface LoadBalancer {
   cleanupStaleStickySessions(): void;
   /** A connection to `endpoint` ended: a seam for least-connections; round-robin ignores it. */
   release(endpoint: Endpoint): void;
+  /**
+   * Sticky entries made, moved or still in use since the last call, for the sibling workers
+   * (only with `BalancerDeps.shared`; empty otherwise).
+   */
+  takeStickyUpdates?(): StickyUpdate[];
+  /** Entries a sibling worker made or used: adopted unless this balancer holds a newer choice. */
+  mergeSticky?(updates: readonly StickyUpdate[]): void;
+  /** Every live sticky entry: what a new sibling worker starts from. */
+  stickyEntries?(): StickyUpdate[];
+}
+
+/**
+ * One client's sticky entry as it travels between workers. Times are ages, not instants: each
+ * process has its own monotonic clock.
+ */
+export interface StickyUpdate {
+  clientIP: string;
+  /** The endpoint's `addr`. */
+  addr: string;
+  /** Since the entry was last used. */
+  idleMs: number;
+  /** Since the endpoint was chosen for this client: the newer choice wins between workers. */
+  assignedAgoMs: number;
+}
+
+/**
+ * Set when several worker processes serve one service port, each with a balancer of its own
+ * (`--workers`): what they must agree on without a round trip per connection.
+ */
+export interface SharedBalancing {
+  /** The node's seed: the same in every worker of one run. */
+  seed: number;
+  /** This worker's index: its round-robin starts this many places into the shared order. */
+  worker: number;
+  /** Sticky entries changed that the siblings should hear of: takeStickyUpdates() has them. */
+  onStickyChange(): void;
+  /** An entry in use is told to the siblings at most this often (default 1000 ms). */
+  touchShareMs?: number;
 }
 
 export interface BalancerDeps {
   clock: Clock;
   random: RandomSource;
+  shared?: SharedBalancing;
 }
 
 export type BalancerFactory = (deps: BalancerDeps) => LoadBalancer;

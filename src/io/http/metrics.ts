@@ -23,10 +23,21 @@ import { renderDialLatencyHistogram, renderServicePortMetrics } from './service-
  * only, never a client or endpoint address, so their number is bounded by the cluster's Services.
  */
 
-/** What metrics read: the sync loop's events, and the unit set's counters at scrape time. */
-export interface MetricsSources {
+/**
+ * What metrics read: the sync loop's events, and at scrape time the units' counters: this
+ * process's live ones (`stats`, read through a ledger here), or a reading taken elsewhere (`read`:
+ * worker processes, each reading its own through a ledger, summed by the controller).
+ */
+export type MetricsSources = LiveStatsSources | ReadingSources;
+
+export interface LiveStatsSources {
   events: ProxierEvents;
   stats(): ReadonlyArray<Pick<UnitStats, 'unit' | 'stats'>>;
+}
+
+export interface ReadingSources {
+  events: ProxierEvents;
+  read(): Promise<{ reading: Reading; running: number }>;
 }
 
 export interface MetricsOptions {
@@ -38,6 +49,8 @@ export interface MetricsOptions {
   processMetrics?: boolean;
   /** Counters kept by the kernel (UDP receive-buffer drops), brought up to date before each reading. */
   kernelCounters?: { refresh(): Promise<void> };
+  /** More families in text format, rendered last at each scrape (the workers' own: worker-metrics.ts). */
+  renderMore?: () => string;
 }
 
 /** Upstream's buckets for network programming latency: 0, 0.25 s, 0.5 s, 1-59 s, 60-115 s by 5, 2-5 min by 30 s. */
@@ -49,6 +62,7 @@ export class ProxyMetrics implements ProbeObserver {
   private readonly wallNow: () => number;
   private readonly ledger = new StatsLedger();
   private readonly kernelCounters: MetricsOptions['kernelCounters'];
+  private readonly renderMore: MetricsOptions['renderMore'];
   private reading: Reading | undefined;
   private running = 0;
   /** Network programming latency: which slice changes are new, and when a sync applied them. */
@@ -72,6 +86,7 @@ export class ProxyMetrics implements ProbeObserver {
     this.clock = opts.clock ?? systemClock;
     this.wallNow = opts.wallNow ?? Date.now;
     this.kernelCounters = opts.kernelCounters;
+    this.renderMore = opts.renderMore;
     this.latency = new ProgrammingLatencyTracker({
       clock: this.clock,
       wallNow: this.wallNow,
@@ -100,10 +115,16 @@ export class ProxyMetrics implements ProbeObserver {
   /** Takes one reading of every service port's counters and renders the registry. */
   async render(): Promise<string> {
     await this.kernelCounters?.refresh();
-    const live = this.sources.stats();
-    this.running = live.length;
-    this.reading = this.ledger.read(live.map(({ unit, stats }) => ({ labels: { servicePort: unit.servicePort, protocol: unit.protocol, scope: unit.scope }, stats })));
-    return (await this.registry.metrics()) + renderDialLatencyHistogram(this.reading.node) + renderServicePortMetrics(this.reading.series);
+    if ('read' in this.sources) {
+      const { reading, running } = await this.sources.read();
+      this.running = running;
+      this.reading = reading;
+    } else {
+      const live = this.sources.stats();
+      this.running = live.length;
+      this.reading = this.ledger.read(live.map(({ unit, stats }) => ({ labels: { servicePort: unit.servicePort, protocol: unit.protocol, scope: unit.scope }, stats })));
+    }
+    return (await this.registry.metrics()) + renderDialLatencyHistogram(this.reading.node) + renderServicePortMetrics(this.reading.series) + (this.renderMore?.() ?? '');
   }
 
   get contentType(): string {

@@ -8,9 +8,11 @@ import { hostPort } from '../../core/address.js';
  * address and port it is bound to.
  *
  * Node gives no public way to a dgram socket's descriptor (and so its inode), but the local
- * address and port name an unconnected socket soundly: without SO_REUSEPORT, which the proxy does
- * not set, the kernel lets only one unconnected socket bind an address and port. Connected
- * sockets (the proxy's own sessions among them) are left out.
+ * address and port name an unconnected socket soundly: without SO_REUSEPORT, which one proxy
+ * process does not set, the kernel lets only one unconnected socket bind an address and port.
+ * Worker processes (`--workers`) do set it, and each binds every address: there the socket's
+ * inode tells them apart (parseProcNetUdpSockets). Connected sockets (the proxy's own sessions
+ * among them) are left out.
  *
  * The kernel prints an address as the 32-bit words of its network-order bytes, each formatted as
  * a native integer: on a little-endian machine 127.0.0.1 is `0100007F`. The port is in host order.
@@ -26,6 +28,24 @@ const ANY_REMOTE = /^0+:0000$/;
  * the table is advisory, and a kernel that adds a column must not break a scrape.
  */
 export function parseProcNetUdp(text: string, into: UdpDropTable = new Map(), byteOrder: 'LE' | 'BE' = endianness()): UdpDropTable {
+  eachUnconnected(text, byteOrder, (key, _inode, drops) => into.set(key, (into.get(key) ?? 0) + drops));
+  return into;
+}
+
+/** One unconnected socket of the table: its local address (as hostPort() spells it), inode and drops. */
+export interface UdpSocketDrops {
+  key: string;
+  inode: number;
+  drops: number;
+}
+
+/** Every unconnected socket of one file's text, apart: for addresses several sockets share (SO_REUSEPORT). */
+export function parseProcNetUdpSockets(text: string, into: UdpSocketDrops[] = [], byteOrder: 'LE' | 'BE' = endianness()): UdpSocketDrops[] {
+  eachUnconnected(text, byteOrder, (key, inode, drops) => into.push({ key, inode, drops }));
+  return into;
+}
+
+function eachUnconnected(text: string, byteOrder: 'LE' | 'BE', visit: (key: string, inode: number, drops: number) => void): void {
   let start = text.indexOf('\n') + 1; // the header
   while (start > 0 && start < text.length) {
     let end = text.indexOf('\n', start);
@@ -35,11 +55,11 @@ export function parseProcNetUdp(text: string, into: UdpDropTable = new Map(), by
     // sl local remote st tx:rx tr:when retrnsmt uid timeout inode ref pointer drops
     if (fields.length < 13 || !ANY_REMOTE.test(fields[2] as string)) continue;
     const drops = Number(fields[fields.length - 1]);
+    const inode = Number(fields[9]);
     const key = localKey(fields[1] as string, byteOrder);
     if (key === undefined || !Number.isSafeInteger(drops)) continue;
-    into.set(key, (into.get(key) ?? 0) + drops);
+    visit(key, inode, drops);
   }
-  return into;
 }
 
 function localKey(hexAddr: string, byteOrder: 'LE' | 'BE'): string | undefined {

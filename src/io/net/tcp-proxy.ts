@@ -33,6 +33,11 @@ export interface TcpProxySocketOptions {
   idleTimeoutMs?: number;
   /** The listen backlog; by default net.core.somaxconn, as Go does. */
   backlog?: number;
+  /**
+   * SO_REUSEPORT on every listener: the worker processes of one node (`--workers`) each listen on
+   * the same addresses, and the kernel spreads new connections over them.
+   */
+  reusePort?: boolean;
 }
 
 /**
@@ -56,8 +61,10 @@ export class TcpProxySocket implements ProxySocket {
   private readonly conns = new Set<TcpConnection>();
   private drainWaiters: (() => void)[] = [];
   private readonly fdWarnings = new RateLimiter(1000, systemClock.now);
+  private readonly reusePort: boolean;
 
   constructor(opts: TcpProxySocketOptions) {
+    this.reusePort = opts.reusePort ?? false;
     this.stats = opts.stats ?? new ServicePortStats();
     this.parentLog = opts.logger;
     this.name = opts.name;
@@ -93,7 +100,7 @@ export class TcpProxySocket implements ProxySocket {
     return new Promise((resolve, reject) => {
       server.once('error', reject);
       // ipv6Only: a listener on :: must not also take the IPv4 port, which another listener may hold.
-      server.listen({ host: addr.host, port: addr.port, ipv6Only: addr.host.includes(':'), backlog: this.backlog }, () => {
+      server.listen({ host: addr.host, port: addr.port, ipv6Only: addr.host.includes(':'), backlog: this.backlog, reusePort: this.reusePort }, () => {
         server.off('error', reject);
         this.keepAliveOnAccepted(server);
         // A fixed port on an IPv4 literal is bound as asked; only port 0 (or an IPv6 spelling) needs

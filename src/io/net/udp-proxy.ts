@@ -33,6 +33,12 @@ export interface UdpProxySocketOptions {
    * metrics, which refresh it at scrape time. Default: one of its own, which no one reads.
    */
   receiveBuffers?: UdpReceiveBuffers;
+  /**
+   * SO_REUSEPORT on every listener (`--workers`): the kernel hashes each client's flow (its
+   * addresses and ports) to one of the workers' sockets, so a client's datagrams keep reaching
+   * the worker that holds its session.
+   */
+  reusePort?: boolean;
 }
 
 /**
@@ -62,8 +68,10 @@ export class UdpProxySocket implements ProxySocket {
   private readonly reclaimWarnings = new RateLimiter(1000, systemClock.now);
   private readonly fdWarnings = new RateLimiter(1000, systemClock.now);
   private readonly listenerErrors = new RateLimiter(1000, systemClock.now);
+  private readonly reusePort: boolean;
 
   constructor(opts: UdpProxySocketOptions) {
+    this.reusePort = opts.reusePort ?? false;
     this.stats = opts.stats ?? new ServicePortStats();
     this.balancer = opts.balancer;
     this.parentLog = opts.logger;
@@ -83,7 +91,7 @@ export class UdpProxySocket implements ProxySocket {
   }
 
   listen(addr: ListenAddress): Promise<BoundAddress> {
-    const socket = createSocket({ type: isIPv6(addr.host) ? 'udp6' : 'udp4', ipv6Only: isIPv6(addr.host), lookup: literalLookup });
+    const socket = createSocket({ type: isIPv6(addr.host) ? 'udp6' : 'udp4', ipv6Only: isIPv6(addr.host), lookup: literalLookup, reusePort: this.reusePort });
     return new Promise((resolve, reject) => {
       const onBindError = (err: Error): void => {
         closeQuietly(socket);

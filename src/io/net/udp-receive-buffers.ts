@@ -1,11 +1,11 @@
 import type { Socket as DgramSocket } from 'node:dgram';
-import { readFile } from 'node:fs/promises';
+import { readFile, readdir, readlink } from 'node:fs/promises';
 import { isIPv6 } from 'node:net';
 import type { ServicePortStats } from '../../core/stats.js';
 import type { Logger } from '../../seams/logger.js';
 import { hostPort } from '../../core/address.js';
 import type { BoundAddress } from '../../seams/proxy-socket.js';
-import { parseProcNetUdp, type UdpDropTable } from './proc-net-udp.js';
+import { parseProcNetUdp, parseProcNetUdpSockets, type UdpDropTable, type UdpSocketDrops } from './proc-net-udp.js';
 
 /**
  * The kernel side of the UDP listeners: how big their receive buffers are, and how many
@@ -29,6 +29,12 @@ export interface UdpReceiveBuffersOptions {
   logger: Logger;
   /** Receive buffer asked for each listener, in bytes (0 leaves the kernel's default). */
   bytes?: number;
+  /**
+   * The listeners share their addresses with other processes' (SO_REUSEPORT: `--workers`), whose
+   * drops must not be counted here: this process's sockets are told apart by inode, found once
+   * per listener among the descriptors of /proc/self/fd.
+   */
+  sharedAddresses?: boolean;
 }
 
 interface Watch {
@@ -39,12 +45,15 @@ interface Watch {
   last: number;
   /** The refresh() it was watched during (or after): the tables of that one predate it. */
   since: number;
+  /** The socket's inode, once found (sharedAddresses). */
+  inode?: number;
 }
 
 export class UdpReceiveBuffers {
   private readonly parentLog: Logger;
   private childLog: Logger | undefined;
   private readonly bytes: number;
+  private readonly sharedAddresses: boolean;
   private readonly watches = new Map<DgramSocket, Watch>();
   /** refresh() calls so far. */
   private refreshes = 0;
@@ -54,6 +63,7 @@ export class UdpReceiveBuffers {
   constructor(opts: UdpReceiveBuffersOptions) {
     this.parentLog = opts.logger;
     this.bytes = opts.bytes ?? LISTENER_RECV_BUFFER_BYTES;
+    this.sharedAddresses = opts.sharedAddresses ?? false;
   }
 
   /** Made on first use: it logs at most twice. */
@@ -85,9 +95,13 @@ export class UdpReceiveBuffers {
       if (w.ipv6) v6 = true;
       else v4 = true;
     }
+    if (this.sharedAddresses) {
+      await this.refreshShared(refresh, v4, v6);
+      return;
+    }
     const table: UdpDropTable = new Map();
-    if (v4) await this.readInto('/proc/net/udp', table);
-    if (v6) await this.readInto('/proc/net/udp6', table);
+    if (v4) await this.readInto('/proc/net/udp', (text) => parseProcNetUdp(text, table));
+    if (v6) await this.readInto('/proc/net/udp6', (text) => parseProcNetUdp(text, table));
     for (const w of this.watches.values()) {
       // A listener bound while the files were read: what they say of its address may be of the
       // socket it replaced.
@@ -122,9 +136,37 @@ export class UdpReceiveBuffers {
     this.log.debug(fields, 'UDP listener receive buffers are smaller than asked: raise net.core.rmem_max for more');
   }
 
-  private async readInto(path: string, table: UdpDropTable): Promise<void> {
+  /** As refresh(), each listener's own socket found by inode among those sharing its address. */
+  private async refreshShared(refresh: number, v4: boolean, v6: boolean): Promise<void> {
+    const sockets: UdpSocketDrops[] = [];
+    if (v4) await this.readInto('/proc/net/udp', (text) => parseProcNetUdpSockets(text, sockets));
+    if (v6) await this.readInto('/proc/net/udp6', (text) => parseProcNetUdpSockets(text, sockets));
+    const byInode = new Map(sockets.map((s) => [s.inode, s]));
+    const unknown = [...this.watches.values()].filter((w) => w.inode === undefined && w.since < refresh);
+    if (unknown.length > 0) {
+      const own = await ownSocketInodes();
+      const taken = new Set<number>();
+      for (const w of this.watches.values()) if (w.inode !== undefined) taken.add(w.inode);
+      for (const w of unknown) {
+        const mine = sockets.filter((s) => s.key === w.key && own.has(s.inode) && !taken.has(s.inode));
+        // Two of this process's sockets on one address (one closing as its successor binds): ask again next time.
+        if (mine.length !== 1) continue;
+        w.inode = (mine[0] as UdpSocketDrops).inode;
+        taken.add(w.inode);
+      }
+    }
+    for (const w of this.watches.values()) {
+      const now = w.inode === undefined ? undefined : byInode.get(w.inode)?.drops;
+      if (now !== undefined && now > w.last) {
+        w.stats.udpReceiveBufferDrops += now - w.last;
+        w.last = now;
+      }
+    }
+  }
+
+  private async readInto(path: string, parse: (text: string) => unknown): Promise<void> {
     try {
-      parseProcNetUdp(await readFile(path, 'utf8'), table);
+      parse(await readFile(path, 'utf8'));
     } catch (err) {
       // No /proc (not Linux), or no IPv6: nothing to count. Said once.
       if (this.readFailedSaid) return;
@@ -132,4 +174,24 @@ export class UdpReceiveBuffers {
       this.log.debug({ err, path }, 'cannot read UDP receive-buffer drops');
     }
   }
+}
+
+/** The inodes of this process's sockets, from the links in /proc/self/fd (`socket:[12345]`). */
+async function ownSocketInodes(): Promise<Set<number>> {
+  const out = new Set<number>();
+  let fds: string[];
+  try {
+    fds = await readdir('/proc/self/fd');
+  } catch {
+    return out;
+  }
+  await Promise.all(fds.map(async (fd) => {
+    try {
+      const m = /^socket:\[(\d+)\]$/.exec(await readlink(`/proc/self/fd/${fd}`));
+      if (m) out.add(Number(m[1]));
+    } catch {
+      // Closed meanwhile.
+    }
+  }));
+  return out;
 }

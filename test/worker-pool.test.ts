@@ -1,0 +1,170 @@
+import { connect, type Socket } from 'node:net';
+import { afterEach, describe, expect, it } from 'vitest';
+import { rendezvousPick } from '../src/core/balancer/shared-order.js';
+import { systemClock } from '../src/core/clock.js';
+import { toEndpoint, type Endpoint } from '../src/core/model.js';
+import type { ProxyUnit } from '../src/core/units.js';
+import { silentLogger } from '../src/log.js';
+import type { ListenSpec } from '../src/seams/portal.js';
+import type { UnitBatch } from '../src/seams/unit-set.js';
+import { WorkerPool } from '../src/workers/worker-pool.js';
+import { InProcessLauncher } from './helpers/in-process-workers.js';
+import { tcpEchoServer, waitFor } from './helpers/net.js';
+import { withDeadline } from './helpers/proxy-fixtures.js';
+
+/**
+ * The controller's side of `--workers`, driven directly: two workers on real loopback sockets
+ * (in this process, behind a copying channel: helpers/in-process-workers.ts).
+ */
+
+const SEED = 0x1234;
+const pools: WorkerPool[] = [];
+const closers: Array<() => Promise<void> | void> = [];
+
+afterEach(async () => {
+  for (const p of pools.splice(0)) await p.shutdown(0);
+  for (const c of closers.splice(0)) await c();
+});
+
+async function startPool(launcher: InProcessLauncher, size = 2): Promise<WorkerPool> {
+  const pool = new WorkerPool({ size, launcher, logger: silentLogger(), clock: systemClock, random: Math.random, restartBackoff: { initialMs: 10, maxMs: 10 }, reportIntervalMs: 60_000 });
+  pools.push(pool);
+  await pool.launch();
+  return pool;
+}
+
+function unit(id: string, endpoints: Endpoint[], affinity: ProxyUnit['affinity'] = { type: 'None', timeoutSeconds: 0 }): ProxyUnit {
+  return { id, servicePort: id, service: id.split(':')[0] as string, protocol: 'TCP', scope: 'all', portals: [{ kind: 'clusterIP', ip: '10.96.0.10', port: 80 }], endpoints, affinity };
+}
+
+const PROXY_PORT_SPEC: ListenSpec[] = [{ host: '127.0.0.1', port: 0, proxyPort: true, portals: [] }];
+
+const batch = (over: Partial<UnitBatch>): UnitBatch => ({ close: [], recreate: [], open: [], update: [], ...over });
+
+/** Connect from `localAddress` and read the backend's name (the echo server writes `name:` first). */
+function whoAnswers(port: number, localAddress = '127.0.0.1'): Promise<string> {
+  return withDeadline(new Promise<string>((resolve, reject) => {
+    const s = connect({ host: '127.0.0.1', port, localAddress });
+    s.once('data', (d: Buffer) => {
+      s.destroy();
+      resolve(d.toString().split(':')[0] as string);
+    });
+    s.once('error', reject);
+  }), 5000, `an answer via 127.0.0.1:${port}`);
+}
+
+async function backends(...names: string[]): Promise<Endpoint[]> {
+  const out: Endpoint[] = [];
+  for (const [i, name] of names.entries()) {
+    const host = `127.0.${81 + i}.1`;
+    const b = await tcpEchoServer(host, name);
+    closers.push(() => b.close());
+    out.push(toEndpoint({ ip: host, port: b.port }));
+  }
+  return out;
+}
+
+function acceptedBy(launcher: InProcessLauncher, index: number): number {
+  return launcher.current(index).units.stats().reduce((n, s) => n + s.stats.accepted, 0);
+}
+
+describe('WorkerPool', () => {
+  it('binds one proxy port per unit, chosen by the first worker and bound by every worker', async () => {
+    const launcher = new InProcessLauncher({ seed: SEED });
+    const pool = await startPool(launcher);
+    const [a] = await backends('a');
+    await pool.apply(batch({ open: [{ unit: unit('default/web:http', [a as Endpoint]), listen: PROXY_PORT_SPEC }] }));
+    const [view] = pool.views();
+    expect(view?.proxyPort).toBeGreaterThan(0);
+    for (const i of [0, 1]) expect(launcher.current(i).units.status()[0]?.proxyPort).toBe(view?.proxyPort);
+    // The kernel spreads the connections over both workers' sockets.
+    for (let i = 0; i < 40; i++) expect(await whoAnswers(view?.proxyPort as number)).toBe('a');
+    expect(acceptedBy(launcher, 0)).toBeGreaterThan(0);
+    expect(acceptedBy(launcher, 1)).toBeGreaterThan(0);
+  });
+
+  it('takes proxy ports from --proxy-port-range once, not once per worker', async () => {
+    const launcher = new InProcessLauncher({ seed: SEED, proxyPortRange: { base: 41700, size: 50 } });
+    const pool = await startPool(launcher);
+    const [a] = await backends('a');
+    await pool.apply(batch({ open: ['x', 'y', 'z'].map((n) => ({ unit: unit(`default/${n}:http`, [a as Endpoint]), listen: PROXY_PORT_SPEC })) }));
+    const ports = pool.views().map((v) => v.proxyPort as number);
+    expect(new Set(ports).size).toBe(3);
+    for (const p of ports) expect(p >= 41700 && p < 41750).toBe(true);
+    for (const i of [0, 1]) expect(launcher.current(i).units.views().map((v) => v.proxyPort)).toEqual(ports);
+  });
+
+  it('replaces a worker that dies, brings it up to date, and keeps its counts', async () => {
+    const launcher = new InProcessLauncher({ seed: SEED });
+    const pool = await startPool(launcher);
+    const [a] = await backends('a');
+    await pool.apply(batch({ open: [{ unit: unit('default/web:http', [a as Endpoint]), listen: PROXY_PORT_SPEC }] }));
+    const port = pool.views()[0]?.proxyPort as number;
+    for (let i = 0; i < 30; i++) await whoAnswers(port);
+    const before = (await pool.readStats()).reading.series[0]?.totals.accepted;
+    expect(before).toBe(30);
+    const oldPid = pool.figures()[0]?.pid;
+    launcher.current(0).crash();
+    await waitFor(() => pool.figures()[0]?.state === 'ready' && pool.figures()[0]?.pid !== oldPid, 'a replacement worker to serve');
+    expect(pool.restarts()).toBe(1);
+    expect(pool.figures()[0]?.restarts).toBe(1);
+    // The replacement binds the same proxy port, and counts go on from where they were.
+    expect(launcher.current(0).units.status()[0]?.proxyPort).toBe(port);
+    for (let i = 0; i < 10; i++) expect(await whoAnswers(port)).toBe('a');
+    const after = (await pool.readStats()).reading.series[0]?.totals.accepted;
+    expect(after).toBe(40);
+    // A new unit after the replacement: still one port, bound by both.
+    await pool.apply(batch({ open: [{ unit: unit('default/api:http', [a as Endpoint]), listen: PROXY_PORT_SPEC }] }));
+    const apiPort = pool.views().find((v) => v.unit.id === 'default/api:http')?.proxyPort;
+    for (const i of [0, 1]) expect(launcher.current(i).units.views().find((v) => v.unit.id === 'default/api:http')?.proxyPort).toBe(apiPort);
+  });
+
+  it('relays ClientIP affinity: a client keeps its endpoint on the other worker after the endpoint set grew', async () => {
+    const launcher = new InProcessLauncher({ seed: SEED });
+    const pool = await startPool(launcher);
+    const [a, b, c] = await backends('a', 'b', 'c');
+    const two = [a, b] as Endpoint[];
+    const three = [a, b, c] as Endpoint[];
+    // A client address whose first pick would move to c once c is added.
+    let client = '';
+    for (let i = 2; i < 250 && client === ''; i++) {
+      const ip = `127.0.90.${i}`;
+      if (rendezvousPick(ip, three, SEED).addr === c?.addr) client = ip;
+    }
+    expect(client).not.toBe('');
+    const affinity = { type: 'ClientIP', timeoutSeconds: 60 } as const;
+    await pool.apply(batch({ open: [{ unit: unit('default/web:http', two, affinity), listen: PROXY_PORT_SPEC }] }));
+    const port = pool.views()[0]?.proxyPort as number;
+    const first = await whoAnswers(port, client);
+    expect(first).not.toBe('c');
+    // Both workers hold the client's entry (the one that served it relayed it through the pool).
+    await waitFor(() => [0, 1].every((i) => launcher.current(i).units.stickyEntries().some((u) => u.updates.some((x) => x.clientIP === client))), 'the entry to reach both workers');
+    await pool.apply(batch({ update: [unit('default/web:http', three, affinity)] }));
+    const seen = new Set<string>();
+    const accepted = [acceptedBy(launcher, 0), acceptedBy(launcher, 1)];
+    for (let i = 0; i < 30; i++) seen.add(await whoAnswers(port, client));
+    expect([...seen]).toEqual([first]);
+    // ...and both workers took some of those connections.
+    expect(acceptedBy(launcher, 0)).toBeGreaterThan(accepted[0] as number);
+    expect(acceptedBy(launcher, 1)).toBeGreaterThan(accepted[1] as number);
+  });
+
+  it('drains every worker at shutdown and sums what they cut', async () => {
+    const launcher = new InProcessLauncher({ seed: SEED });
+    const pool = await startPool(launcher);
+    const [a] = await backends('a');
+    await pool.apply(batch({ open: [{ unit: unit('default/web:http', [a as Endpoint]), listen: PROXY_PORT_SPEC }] }));
+    const port = pool.views()[0]?.proxyPort as number;
+    const held: Socket[] = [];
+    for (let i = 0; i < 20; i++) {
+      const s = connect({ host: '127.0.0.1', port });
+      await withDeadline(new Promise((r) => s.once('data', r)), 5000, 'the connection to be spliced');
+      s.on('error', () => undefined);
+      held.push(s);
+    }
+    closers.push(() => held.forEach((s) => s.destroy()));
+    const { cut } = await pool.shutdown(50);
+    expect(cut).toBe(20);
+    expect(launcher.launched.every((w) => w.dead)).toBe(true);
+  });
+});

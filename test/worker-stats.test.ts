@@ -1,0 +1,132 @@
+import { describe, expect, it } from 'vitest';
+import { ServicePortStats } from '../src/core/stats.js';
+import { FIELD_COUNT, NodeStats, StatsReporter, addFlat, flattenStats } from '../src/core/worker-stats.js';
+
+/** The node's counters over worker processes: reports of what changed, summed; a dead worker's kept. */
+
+const WEB = { servicePort: 'default/web:http', protocol: 'TCP', scope: 'all' };
+const DNS = { servicePort: 'kube-system/dns:dns', protocol: 'UDP', scope: 'all' };
+
+describe('flat stats', () => {
+  it('round-trips every field', () => {
+    const s = new ServicePortStats();
+    s.accepted = 3;
+    s.active = 1;
+    s.bytesToEndpoint = 10;
+    s.bytesToClient = 20;
+    s.dialAttempts = 4;
+    s.dialFailures.timeout = 1;
+    s.udpSessionsActive = 2;
+    s.udpDatagrams = 7;
+    s.udpReceiveBufferDrops = 5;
+    s.observeDialLatency(0.003);
+    const flat = flattenStats(s);
+    expect(flat).toHaveLength(FIELD_COUNT);
+    const back = new ServicePortStats();
+    addFlat(back, flat);
+    expect(flattenStats(back)).toEqual(flat);
+  });
+});
+
+describe('StatsReporter', () => {
+  it('reports only series that changed, and the ones dropped', () => {
+    const reporter = new StatsReporter();
+    const web = new ServicePortStats();
+    const dns = new ServicePortStats();
+    web.accepted = 1;
+    const first = reporter.report([{ labels: WEB, stats: web }, { labels: DNS, stats: dns }], 0);
+    expect(first.series.map(([k]) => k).sort()).toEqual(['default/web:http|TCP|all', 'kube-system/dns:dns|UDP|all']);
+    const quiet = reporter.report([{ labels: WEB, stats: web }, { labels: DNS, stats: dns }], 0);
+    expect(quiet.series).toEqual([]);
+    web.accepted = 2;
+    const changed = reporter.report([{ labels: WEB, stats: web }, { labels: DNS, stats: dns }], 0);
+    expect(changed.series.map(([k]) => k)).toEqual(['default/web:http|TCP|all']);
+    expect(changed.node[0]).toBe(2);
+    // dns gone and drained: read once more, then dropped; its counts stay in the node's totals.
+    reporter.report([{ labels: WEB, stats: web }], 0);
+    const dropped = reporter.report([{ labels: WEB, stats: web }], 0);
+    expect(dropped.removed).toEqual(['kube-system/dns:dns|UDP|all']);
+  });
+
+  it('keeps a series monotonic across its unit\'s recreation, and counts a retired unit until it drains', () => {
+    const reporter = new StatsReporter();
+    const old = new ServicePortStats();
+    old.accepted = 5;
+    old.active = 1;
+    reporter.report([{ labels: WEB, stats: old }], 1);
+    // Recreated: a fresh stats object; the old socket still has a connection open.
+    const fresh = new ServicePortStats();
+    fresh.accepted = 1;
+    let r = reporter.report([{ labels: WEB, stats: fresh }], 1);
+    expect(r.series).toEqual([['default/web:http|TCP|all', expect.arrayContaining([6])]]);
+    expect(r.series[0]?.[1][0]).toBe(6);
+    expect(r.series[0]?.[1][1]).toBe(1);
+    // The old connection ends, with its bytes: still counted, then folded in.
+    old.active = 0;
+    old.bytesToClient = 100;
+    r = reporter.report([{ labels: WEB, stats: fresh }], 0);
+    expect(r.series[0]?.[1].slice(0, 4)).toEqual([6, 0, 0, 100]);
+    fresh.accepted = 2;
+    r = reporter.report([{ labels: WEB, stats: fresh }], 0);
+    expect(r.series[0]?.[1].slice(0, 4)).toEqual([7, 0, 0, 100]);
+  });
+
+  it('sees a gauge that moved alone (a connection that closed without a byte)', () => {
+    const reporter = new StatsReporter();
+    const s = new ServicePortStats();
+    s.accepted = 1;
+    s.active = 1;
+    reporter.report([{ labels: WEB, stats: s }], 1);
+    s.active = 0;
+    expect(reporter.report([{ labels: WEB, stats: s }], 0).series[0]?.[1][1]).toBe(0);
+  });
+});
+
+describe('NodeStats', () => {
+  function workerReport(reporter: StatsReporter, accepted: number, active: number): ReturnType<StatsReporter['report']> {
+    const s = new ServicePortStats();
+    s.accepted = accepted;
+    s.active = active;
+    return reporter.report([{ labels: WEB, stats: s }], active);
+  }
+
+  it('sums the workers per series and node-wide', () => {
+    const node = new NodeStats();
+    node.update(0, workerReport(new StatsReporter(), 5, 1));
+    node.update(1, workerReport(new StatsReporter(), 7, 2));
+    const r = node.read();
+    expect(r.series).toHaveLength(1);
+    expect(r.series[0]?.totals.accepted).toBe(12);
+    expect(r.series[0]?.totals.active).toBe(3);
+    expect(r.node.accepted).toBe(12);
+    expect(node.active()).toBe(3);
+  });
+
+  it("keeps a dead worker's counters, not its open connections, and counts its slot's processes together", () => {
+    const node = new NodeStats();
+    node.update(0, workerReport(new StatsReporter(), 5, 1));
+    node.update(1, workerReport(new StatsReporter(), 7, 2));
+    node.retire(0);
+    let r = node.read();
+    expect(r.series[0]?.totals.accepted).toBe(12);
+    expect(r.series[0]?.totals.active).toBe(2);
+    // Its replacement starts from zero; the sums go on from where they were.
+    node.update(0, workerReport(new StatsReporter(), 1, 1));
+    r = node.read();
+    expect(r.series[0]?.totals.accepted).toBe(13);
+    expect(r.node.accepted).toBe(13);
+    expect(node.slot(0)).toMatchObject({ active: 1 });
+    expect(node.slot(0).totals.accepted).toBe(6);
+    expect(node.slot(1).totals.accepted).toBe(7);
+  });
+
+  it('drops a dead worker\'s series once no worker serves it, keeping it in the node\'s totals', () => {
+    const node = new NodeStats();
+    node.update(0, workerReport(new StatsReporter(), 5, 0));
+    node.retire(0);
+    expect(node.read().series).toHaveLength(1);
+    const r = node.read();
+    expect(r.series).toHaveLength(0);
+    expect(r.node.accepted).toBe(5);
+  });
+});
