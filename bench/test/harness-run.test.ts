@@ -5,6 +5,7 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, describe, expect, it } from 'vitest';
 import type { BenchResults } from '../lib/results.js';
+import { TARGETS } from '../lib/targets.js';
 import { findTools, missingLine, type ToolName } from '../lib/tools.js';
 
 /**
@@ -41,7 +42,7 @@ function readResults(dir: string): BenchResults {
 function expectWellFormed(r: BenchResults): void {
   expect(r.schema).toBe('kube-userspace-proxy-bench/1');
   expect(r.meta).toMatchObject({ node: process.version });
-  expect(r.targets).toHaveLength(11);
+  expect(r.targets).toHaveLength(TARGETS.length);
   for (const run of r.runs) {
     expect(typeof run.workload).toBe('string');
     for (const v of Object.values(run.metrics)) expect(typeof v === 'number' && !Number.isNaN(v)).toBe(true);
