@@ -45,6 +45,7 @@ export const IPTABLES_SCALE_INFO = (kind: IptablesKind, n: number): WorkloadInfo
     { key: 'firstRestoreMs', label: 'its restore', unit: 'ms', better: 'lower' },
     { key: 'firstSaveMs', label: 'its save', unit: 'ms', better: 'lower' },
     { key: 'addOneMs', label: 'add one', unit: 'ms', better: 'lower' },
+    { key: 'addOneRestoreMs', label: 'its restore', unit: 'ms', better: 'lower' },
     { key: 'restartStartMs', label: 'restart: start', unit: 'ms', better: 'lower' },
     { key: 'restartSyncMs', label: 'restart: sync', unit: 'ms', better: 'lower' },
     { key: 'rtP50Ms', label: 'other RTT p50', unit: 'ms', better: 'lower' },
@@ -167,8 +168,10 @@ export async function iptablesScaleTrial(ctx: Context, kind: IptablesKind, n: nu
     if (first.errors.length > 0) throw new Error(`first sync: ${first.errors[0]}`);
     const firstRestoreMs = runner.spent.restore;
     const firstSaveMs = runner.spent.save;
+    runner.reset();
     const [addOneMs, added] = await timed(() => portal.sync(all, false));
     if (added.errors.length > 0) throw new Error(`adding one: ${added.errors[0]}`);
+    const addOneRestoreMs = runner.spent.restore;
 
     const config: ProbeConfig = { unrelatedPort: UNRELATED_PORT, proxyPort: proxyPortOf(n), portal: { host: clusterIPOf(n), port: 80 }, roundTrips: 2000, connections: 300, seriesMs: 5000 };
     const probed = await ctx.procs.run('ip', ['netns', 'exec', ns, process.execPath, PROBE, JSON.stringify(config)], { cpu: ctx.pin.loadCpus, timeoutMs: 30_000 });
@@ -185,6 +188,7 @@ export async function iptablesScaleTrial(ctx: Context, kind: IptablesKind, n: nu
       firstRestoreMs,
       firstSaveMs,
       addOneMs,
+      addOneRestoreMs,
       restartStartMs,
       restartSyncMs,
       rtP50Ms: p.rtP50Ms,
