@@ -6,7 +6,7 @@ import type { IPFamily } from '../src/core/address.js';
 import type { ServicePort } from '../src/core/model.js';
 import { emptyChains, type TableChains } from '../src/core/rules/chains.js';
 import { chainsInDump, freshJumps, parseIptablesSave, planJumps, planRemoval, splitWords } from '../src/core/rules/iptables-save.js';
-import { renderIptablesRules, type IptablesRenderInput, type PortalTarget } from '../src/core/rules/render-iptables.js';
+import { familyInUse, renderIptablesRules, type IptablesRenderInput, type PortalTarget } from '../src/core/rules/render-iptables.js';
 import { addressTree, portTree } from '../src/core/rules/dispatch-tree.js';
 import { planSync } from '../src/core/rules/sync-plan.js';
 import { UnitRulesCache } from '../src/core/rules/unit-rules.js';
@@ -367,6 +367,24 @@ describe('incremental syncs (planSync)', () => {
     const payload = planSync(chains, emptyChains(), freshJumps());
     expect(applyPayload(emptyChains(), payload)).toEqual(chains);
     expect(payload).toContain('-I PREROUTING 1 ');
+  });
+});
+
+describe('familyInUse', () => {
+  it('says a family is in use when a unit is served in it or its proxy port is reachable in it', () => {
+    const split = targets([sp({ key: 'default/local:http', clusterIPs: ['10.96.0.5', 'fd00::5'], nodePort: 30090, externalTrafficPolicy: 'Local' })]);
+    const cases: Array<[PortalTarget[], string, IPFamily, boolean]> = [
+      [targets([sp({ key: 'default/web:http' })]), '0.0.0.0', 6, false],
+      [targets([sp({ key: 'default/web:http' })]), '0.0.0.0', 4, true],
+      [targets([sp({ key: 'default/v6:http', clusterIPs: ['fd00::a'] })]), '0.0.0.0', 6, true],
+      [targets([sp({ key: 'default/v6:http', clusterIPs: ['fd00::a'] })]), '0.0.0.0', 4, false],
+      // A node-port-only external half: its sibling's families, and IPv4 without a sibling.
+      [split.slice(1), '0.0.0.0', 4, true],
+      [split, '0.0.0.0', 6, true],
+      [targets([sp({ key: 'default/v6:http', clusterIPs: ['fd00::a'] })]), '192.168.1.10', 4, true],
+      [[], '192.168.1.10', 4, false],
+    ];
+    for (const [t, bind, family, want] of cases) expect(familyInUse(family, t, bind), `${t.map((x) => x.unit.id).join()} ${bind} IPv${family}`).toBe(want);
   });
 });
 

@@ -223,9 +223,13 @@ function nodePortDestinations(family: IPFamily, cidrs: readonly string[]): Array
 
 /** Whether a family has anything to program: a unit served in it, or a proxy port reachable in it. */
 export function familyInUse(family: IPFamily, targets: readonly PortalTarget[], bindAddress: string, known?: FamilyHints): boolean {
-  const hints = known ?? familyHints(targets.map((t) => t.unit));
   // What proxyPortHosts says, without making its list for every unit: the wildcards of the unit's
   // families, or --bind-address.
-  const boundInFamily = !isWildcard(bindAddress) && hostFamily(bindAddress) === family;
-  return boundInFamily ? targets.length > 0 : targets.some((t) => unitFamilies(t.unit, hints).includes(family));
+  if (!isWildcard(bindAddress) && hostFamily(bindAddress) === family) return targets.length > 0;
+  const hints = known ?? familyHints(targets.map((t) => t.unit));
+  // A family other than IPv4 (the default of a unit with no address of its own) is served by a
+  // unit only through the addresses of its service port, which the hints hold: no need to look at
+  // every unit, which a v4-only node would do for IPv6 at every sync.
+  if (family !== 4) return [...hints.values()].some((f) => f.includes(family));
+  return targets.some((t) => unitFamilies(t.unit, hints).includes(family));
 }

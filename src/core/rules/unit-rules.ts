@@ -105,8 +105,7 @@ function portalRules(ctx: UnitRulesContext, unit: ProxyUnit, portal: PortalAddre
 interface CacheEntry {
   unit: ProxyUnit;
   proxyPort: number;
-  families: string;
-  key: string;
+  families: readonly IPFamily[];
   rules: UnitRules;
   generation: number;
 }
@@ -131,15 +130,14 @@ export class UnitRulesCache {
   }
 
   rulesOf(ctx: UnitRulesContext, unit: ProxyUnit, proxyPort: number, families: readonly IPFamily[]): UnitRules {
-    const fams = families.join(',');
     const entry = this.entries.get(unit.id);
-    if (entry && entry.proxyPort === proxyPort && entry.families === fams && (entry.unit === unit || entry.key === unitKey(unit))) {
+    if (entry && entry.proxyPort === proxyPort && sameFamilies(entry.families, families) && (entry.unit === unit || sameShape(entry.unit, unit))) {
       entry.unit = unit;
       entry.generation = this.generation;
       return entry.rules;
     }
     const rules = unitRules(ctx, unit, proxyPort, families);
-    this.entries.set(unit.id, { unit, proxyPort, families: fams, key: unitKey(unit), rules, generation: this.generation });
+    this.entries.set(unit.id, { unit, proxyPort, families, rules, generation: this.generation });
     return rules;
   }
 
@@ -149,7 +147,11 @@ export class UnitRulesCache {
   }
 }
 
-/** What of a unit its rules depend on, besides its proxy port and families. */
-function unitKey(unit: ProxyUnit): string {
-  return `${unit.protocol}|${unit.portals.map(portalKey).join(',')}`;
+function sameFamilies(a: readonly IPFamily[], b: readonly IPFamily[]): boolean {
+  return a === b || (a.length === b.length && a.every((f, i) => f === b[i]));
+}
+
+/** Whether two units of one id have the same rules, given the same proxy port and families. */
+function sameShape(a: ProxyUnit, b: ProxyUnit): boolean {
+  return a.protocol === b.protocol && a.portals.length === b.portals.length && a.portals.every((p, i) => portalKey(p) === portalKey(b.portals[i] as PortalAddress));
 }
