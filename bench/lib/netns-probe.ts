@@ -62,8 +62,12 @@ function elapsedMs(since: bigint): number {
 
 function oneByte(s: Socket): Promise<void> {
   return new Promise((resolve, reject) => {
-    s.once('data', () => resolve());
-    s.once('error', reject);
+    const fail = (err: Error): void => reject(err);
+    s.once('data', () => {
+      s.off('error', fail);
+      resolve();
+    });
+    s.once('error', fail);
     s.write('x');
   });
 }
