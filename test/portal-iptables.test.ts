@@ -448,6 +448,45 @@ describe.skipIf(iptablesSkipReason !== undefined)(`IptablesPortal against real i
     await p.cleanup();
   });
 
+  it('an earlier version\'s flat layout is replaced by the first sync: its rules, its jumps, and nothing else', async () => {
+    const flat = [
+      '*nat',
+      ':KUBE-PORTALS-CONTAINER - [0:0]',
+      ':KUBE-NODEPORT-CONTAINER - [0:0]',
+      '-I PREROUTING 1 -m comment --comment "kube-userspace-proxy service portals; before node ports" -j KUBE-PORTALS-CONTAINER',
+      '-A PREROUTING -m addrtype --dst-type LOCAL -m comment --comment "kube-userspace-proxy node ports; keep last" -j KUBE-NODEPORT-CONTAINER',
+      '-A KUBE-PORTALS-CONTAINER -d 10.96.0.10/32 -p tcp -m comment --comment "default/web:http" -m tcp --dport 80 -j REDIRECT --to-ports 40001',
+      '-A KUBE-NODEPORT-CONTAINER -p tcp -m comment --comment "default/web:http" -m tcp --dport 30080 -j REDIRECT --to-ports 40001',
+      'COMMIT',
+      '*filter',
+      ':KUBE-PROXY-PORTS - [0:0]',
+      '-I INPUT 1 -m comment --comment "kube-userspace-proxy proxy ports answer portal traffic only" -j KUBE-PROXY-PORTS',
+      '-A KUBE-PROXY-PORTS -p tcp -m comment --comment "default/web:http" -m tcp --dport 40001 -m conntrack --ctstate NEW -m conntrack ! --ctstate DNAT -j REJECT --reject-with tcp-reset',
+      'COMMIT',
+      '',
+    ].join('\n');
+    await nsExec(ns, 'iptables-restore', ['--noflush'], { input: flat });
+    const p = new IptablesPortal({ runner: nsRunner(ns), logger: silentLogger(), nodeAddresses, bindAddress: '0.0.0.0', nodePortAddresses: [] });
+    await p.start();
+    const [web] = unitsOf(sp('default/web:http', { nodePort: 30080 }));
+    expect(p.preferredProxyPort(web!)).toBe(40001);
+    expect(await p.sync([{ unit: web!, proxyPort: 40001 }], false)).toEqual({ errors: [] });
+    const saved = parseIptablesSave(await dump());
+    expect(planJumps(saved)).toEqual({ nat: [], filter: [] });
+    const rules = (await dump()).split('\n');
+    expect(rules.filter((l) => l.startsWith('-A KUBE-PORTALS-CONTAINER '))).toEqual(['-A KUBE-PORTALS-CONTAINER -d 0.0.0.10/0.0.0.15 -j KUBE-UP-PC-a']);
+    expect(rules.filter((l) => l.startsWith('-A INPUT ') && l.includes('kube-userspace-proxy'))).toHaveLength(2);
+    expect(rules.filter((l) => / -j REDIRECT /.test(l))).toHaveLength(2);
+    expect(rules).toContain(FOREIGN_FILTER);
+    // And nothing left to do: a periodic sync reads the node back and writes nothing.
+    const { runner, restoreMs } = timedRunner();
+    const again = new IptablesPortal({ runner, logger: silentLogger(), nodeAddresses, bindAddress: '0.0.0.0', nodePortAddresses: [] });
+    await again.start();
+    await again.sync([{ unit: web!, proxyPort: 40001 }], true);
+    expect(restoreMs).toEqual([]);
+    await again.cleanup();
+  });
+
   it('packets of other connections on the node do not enter our filter chains: only a connection\'s first one can', async () => {
     const p = new IptablesPortal({ runner: nsRunner(ns), logger: silentLogger(), nodeAddresses, bindAddress: '0.0.0.0', nodePortAddresses: [] });
     await p.start();
