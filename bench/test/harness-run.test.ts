@@ -5,6 +5,7 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, describe, expect, it } from 'vitest';
 import type { BenchResults } from '../lib/results.js';
+import { iptablesScaleSkipReason } from '../lib/iptables-scale.js';
 import { TARGETS } from '../lib/targets.js';
 import { findTools, missingLine, type ToolName } from '../lib/tools.js';
 
@@ -81,7 +82,7 @@ describe('bench harness, a brief run', () => {
 
   it.skipIf(missing !== undefined)(`runs every workload on every system briefly${missing ? ` (skipped: ${missing})` : ''}`, async () => {
     const out = outDir();
-    const args = ['--runs', '1', '--duration', '1', '--warmup', '0', '--scale', '20', '--move-ports', '20', '--idle-conns', '40', '--out', out];
+    const args = ['--runs', '1', '--duration', '1', '--warmup', '0', '--scale', '20', '--move-ports', '20', '--idle-conns', '40', '--iptables-scale', '0,20', '--out', out];
     const { code, out: log } = await runHarness(args, 170_000);
     expect(code, log).toBe(0);
     const r = readResults(out);
@@ -95,6 +96,9 @@ describe('bench harness, a brief run', () => {
     expect(r.ratios.length).toBeGreaterThan(0);
     expect(r.runs.some((x) => x.workload === 'endpoint-move@20' && x.metrics.moveMs !== undefined)).toBe(true);
     expect(r.runs.filter((x) => x.workload === 'idle-conns@40').map((x) => x.metrics.opened)).toEqual([40, 40, 40]);
+    // Root and iptables: the portal at 20 Services, both kinds; otherwise one skip line says why.
+    if (iptablesScaleSkipReason() === undefined) expect(r.runs.filter((x) => x.workload.startsWith('iptables-scale')).map((x) => x.workload).sort()).toEqual(['iptables-scale-nodeport@0', 'iptables-scale-nodeport@20', 'iptables-scale@0', 'iptables-scale@20']);
+    else expect(r.skipped.map((x) => x.what)).toContain('iptables-scale');
     expect(log).toContain('Targets:');
   }, 180_000);
 });
