@@ -30,7 +30,10 @@ export function planSync(desired: TableChains, current: TableChains, jumps: Jump
     for (const [chain] of changed) out.push(':', chain, ' - [0:0]\n');
     for (const chain of removed) out.push(':', chain, ' - [0:0]\n');
     for (const jump of jumps[table]) out.push(jump, '\n');
-    for (const [chain, rules] of changed) for (const rule of rules) out.push('-A ', chain, ' ', rule, '\n');
+    for (const [chain, rules] of changed) {
+      const append = `-A ${chain} `;
+      for (const rule of rules) out.push(append, rule, '\n');
+    }
     for (const chain of removed) out.push('-X ', chain, '\n');
     out.push('COMMIT\n');
   }

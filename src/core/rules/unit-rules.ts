@@ -52,22 +52,20 @@ export function unitRules(ctx: UnitRulesContext, unit: ProxyUnit, proxyPort: num
   if (!inFamily) return out;
   for (const p of unit.portals) if (p.kind === 'nodePort') out.guarded.push(p.port);
   let containerTarget: string;
-  let hostTarget: string;
   if (ctx.wildcard) {
     containerTarget = `REDIRECT --to-ports ${proxyPort}`;
-    hostTarget = `DNAT --to-destination ${hostPort({ host: ctx.hostIP, port: proxyPort })}`;
   } else if (ipFamily(ctx.bindAddress) !== ctx.family) {
     out.error = `${unit.id}: cannot program its IPv${ctx.family} portals: proxy ports listen on --bind-address ${ctx.bindAddress} only`;
     return out;
   } else {
-    containerTarget = hostTarget = `DNAT --to-destination ${hostPort({ host: ctx.bindAddress, port: proxyPort })}`;
+    containerTarget = `DNAT --to-destination ${hostPort({ host: ctx.bindAddress, port: proxyPort })}`;
   }
-  const p = unit.protocol.toLowerCase();
-  const matchPrefix = `-p ${p} -m comment --comment ${quote(unit.id)} -m ${p} --dport`;
   // The node's own traffic takes the arriving traffic's rules (the host chains jump there) where
   // the target would be the same or, for TCP, works as well: see hostSharesContainer.
-  const host = hostSharesContainer(ctx, unit.protocol) ? undefined : hostTarget;
-  for (const portal of unit.portals) portalRules(ctx, unit, portal, matchPrefix, containerTarget, host, out);
+  const hostTarget = hostSharesContainer(ctx, unit.protocol) ? undefined : `DNAT --to-destination ${hostPort({ host: ctx.hostIP, port: proxyPort })}`;
+  const p = unit.protocol.toLowerCase();
+  const matchPrefix = `-p ${p} -m comment --comment ${quote(unit.id)} -m ${p} --dport`;
+  for (const portal of unit.portals) portalRules(ctx, unit, portal, matchPrefix, containerTarget, hostTarget, out);
   return out;
 }
 
