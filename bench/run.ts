@@ -15,6 +15,7 @@ import type { BenchService, SystemId } from './lib/plan.js';
 import { Processes, pinSelf, type Pinning } from './lib/proc.js';
 import { renderTable } from './lib/report.js';
 import type { BenchResults, RunRecord, WorkloadInfo } from './lib/results.js';
+import { IPTABLES_SCALE_INFO, iptablesScaleSkipReason, iptablesScaleTrial } from './lib/iptables-scale.js';
 import { endpointMove, idleConnections, SCALE_INFO, scaleStart } from './lib/scale.js';
 import { startSystems } from './lib/systems.js';
 import { judgeTargets } from './lib/targets.js';
@@ -126,6 +127,24 @@ async function measureAll(ctx: Context, record: (r: RunRecord) => void, infos: W
           const r = await idleConnections(ctx, s, options.idleConns, run);
           record(r);
           ctx.say(`  [run ${run}/${options.runs}] idle-conns@${options.idleConns} ${s.padEnd(8)} ${Object.entries(r.metrics).map(([k, v]) => `${k}=${v.toFixed(1)}`).join(' ')}${r.error ? ` (${r.error})` : ''}`);
+        }
+      }
+    }
+  }
+  if (wants('iptables-scale')) {
+    const why = iptablesScaleSkipReason();
+    if (why) ctx.skip('iptables-scale', why);
+    else {
+      ctx.say(`iptables portal at ${options.iptablesServices.join(', ')} Services (${options.iptablesKinds.join(', ')}), in a namespace`);
+      for (const kind of options.iptablesKinds) infos.push(...options.iptablesServices.map((n) => IPTABLES_SCALE_INFO(kind, n)));
+      // Interleaved: each run visits every kind and size, so a busy spell of the machine is spread over all.
+      for (let run = 1; run <= options.runs; run++) {
+        for (const kind of options.iptablesKinds) {
+          for (const n of options.iptablesServices) {
+            const r = await iptablesScaleTrial(ctx, kind, n, run);
+            record(r);
+            ctx.say(`  [run ${run}/${options.runs}] ${r.workload} ${r.error ?? Object.entries(r.metrics).map(([k, v]) => `${k}=${v.toFixed(k.includes('P') ? 3 : 0)}`).join(' ')}`);
+          }
         }
       }
     }

@@ -111,6 +111,16 @@ describe('bench arithmetic', () => {
     expect(targets.find((t) => t.id === 'tcp-bulk')).toMatchObject({ pass: undefined, actual: undefined });
   });
 
+  it('judges growth against a baseline workload (the iptables portal at 10,000 Services against none)', () => {
+    const info = (id: string): WorkloadInfo => ({ id, title: id, metrics: [{ key: 'rtP50Ms', label: 'RTT p50', unit: 'ms', better: 'lower' }] });
+    const rtt = (workload: string, values: number[]): RunRecord[] => values.map((rtP50Ms, i) => ({ workload, system: 'proxy', run: i + 1, metrics: { rtP50Ms } }));
+    const grown = figuresOf([...rtt('iptables-scale@0', [0.05, 0.06, 0.04]), ...rtt('iptables-scale@10000', [0.055, 0.06, 0.07])], [info('iptables-scale@0'), info('iptables-scale@10000')]);
+    expect(judgeTargets(grown).find((t) => t.id === 'iptables-rtt-10k')).toMatchObject({ pass: true, actual: 1.2 });
+    const worse = figuresOf([...rtt('iptables-scale@0', [0.05]), ...rtt('iptables-scale@10000', [2.5])], [info('iptables-scale@0'), info('iptables-scale@10000')]);
+    expect(judgeTargets(worse).find((t) => t.id === 'iptables-rtt-10k')).toMatchObject({ pass: false, actual: 50 });
+    expect(judgeTargets(figures).find((t) => t.id === 'iptables-rtt-np-10k')).toMatchObject({ pass: undefined });
+  });
+
   it('renders a table and a chart from the same results', () => {
     const results: BenchResults = { schema: 'kube-userspace-proxy-bench/1', meta: { date: 'now', options: { runs: 3 } }, skipped: [{ what: 'HAProxy', why: 'not found' }], workloads, runs, figures, ratios: ratiosOf(figures), targets: judgeTargets(figures) };
     const table = renderTable(results);

@@ -111,7 +111,9 @@ describe.skipIf(iptablesSkipReason !== undefined)(`--portal iptables in network 
   it("writes our chains with the namespace/name:port comment and leaves others' rules alone", async () => {
     const rules = await saved();
     expect(planJumps(parseIptablesSave(rules))).toEqual({ nat: [], filter: [] });
-    for (const line of rules.split('\n').filter((l) => l.startsWith('-A KUBE-'))) expect(line).toMatch(/--comment "default\/(echo|gone):/);
+    const nat = rules.split('\n').filter((l) => / -j (REDIRECT|DNAT) /.test(l));
+    expect(nat.length).toBeGreaterThan(0);
+    for (const line of nat) expect(line).toMatch(/--comment "default\/(echo|gone):/);
     expect(rules).toContain(FOREIGN_RULES.nat);
     expect(rules).toContain(FOREIGN_RULES.filter);
   });
@@ -153,8 +155,8 @@ describe.skipIf(iptablesSkipReason !== undefined)(`--portal iptables in network 
     const rules = await saved();
     expect(planJumps(parseIptablesSave(rules))).toEqual({ nat: [], filter: [] });
     // Exactly the rules of the Services now served (echo: 2 ports), none of the dead process's.
-    expect(rules.split('\n').filter((l) => l.startsWith('-A KUBE-PORTALS-CONTAINER'))).toHaveLength(4);
-    expect(rules.split('\n').filter((l) => l.startsWith('-A KUBE-NODEPORT-CONTAINER'))).toHaveLength(2);
+    expect(rules.split('\n').filter((l) => /^-A KUBE-UP-PC-\S+ .* -j REDIRECT /.test(l))).toHaveLength(4);
+    expect(rules.split('\n').filter((l) => /^-A KUBE-UP-NC-\S+ .* -j REDIRECT /.test(l))).toHaveLength(2);
     const newPort = /--comment "default\/echo:tcp" -m tcp --dport 80 -j REDIRECT --to-ports (\d+)/.exec(rules)?.[1];
     // The same proxy port again: conntrack entries of flows under way still point at it.
     expect(newPort).toBe(oldPort);

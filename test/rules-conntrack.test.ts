@@ -4,9 +4,11 @@ import { describe, expect, it } from 'vitest';
 import type { IPFamily } from '../src/core/address.js';
 import type { ServicePort } from '../src/core/model.js';
 import { parseConntrackList, staleFlows, type ConntrackEntry, type StaleQuery } from '../src/core/rules/conntrack-entries.js';
+import { emptyChains } from '../src/core/rules/chains.js';
 import { freshJumps, parseIptablesSave } from '../src/core/rules/iptables-save.js';
 import { previousProxyPorts } from '../src/core/rules/previous-ports.js';
-import { renderIptablesRules, restorePayload } from '../src/core/rules/render-iptables.js';
+import { renderIptablesRules } from '../src/core/rules/render-iptables.js';
+import { planSync } from '../src/core/rules/sync-plan.js';
 import type { ProxyUnit } from '../src/core/units.js';
 import { servicePort, unitsOf } from './helpers/service-port.js';
 
@@ -30,9 +32,11 @@ describe('previousProxyPorts', () => {
       const found = new Map<string, number>();
       for (const family of [4, 6] as IPFamily[]) {
         const rendered = renderIptablesRules({ family, targets, bindAddress, hostIP: family === 4 ? '192.168.1.10' : '2001:db8::10', nodePortCIDRs: [] });
-        previousProxyPorts(parseIptablesSave(restorePayload(rendered, freshJumps())), found);
+        previousProxyPorts(parseIptablesSave(planSync(rendered.chains, emptyChains(), freshJumps())), found);
       }
-      // With --bind-address (IPv4) the IPv6-only unit has no nat rule: its guard rule names the port.
+      // With --bind-address (IPv4) the IPv6-only unit cannot be programmed: it has no NAT rule,
+      // hence no flows whose entries its old port would keep, and nothing to read back.
+      if (bindAddress !== '0.0.0.0') want.delete('default/v6:http');
       expect(found).toEqual(want);
     }
   });

@@ -3,7 +3,10 @@ import { parseArgs } from 'node:util';
 import { SYSTEM_IDS, type SystemId } from './plan.js';
 
 export const LOAD_WORKLOADS = ['tcp-bulk', 'tcp-bulk-down', 'http-keepalive', 'http-close', 'udp-pingpong', 'dns'] as const;
-export const SCALE_WORKLOADS = ['scale-start', 'endpoint-move', 'idle-conns'] as const;
+export const SCALE_WORKLOADS = ['scale-start', 'endpoint-move', 'idle-conns', 'iptables-scale'] as const;
+/** What the iptables-scale workload installs: ClusterIP Services, or NodePort ones (a ClusterIP and a node port each). */
+export const IPTABLES_KINDS = ['clusterip', 'nodeport'] as const;
+export type IptablesKind = (typeof IPTABLES_KINDS)[number];
 export type LoadWorkloadId = (typeof LOAD_WORKLOADS)[number];
 export type ScaleWorkloadId = (typeof SCALE_WORKLOADS)[number];
 export type WorkloadId = LoadWorkloadId | ScaleWorkloadId;
@@ -22,6 +25,9 @@ export interface Options {
   /** Service ports loaded during the endpoint move. */
   movePorts: number;
   idleConns: number;
+  /** Services installed by the iptables-scale workload before it adds one more. */
+  iptablesServices: number[];
+  iptablesKinds: IptablesKind[];
   outDir: string;
   pin: boolean;
   /** Cores for the proxies and for the rest, in taskset's list syntax (`0`, `0,1`, `2-3`). */
@@ -57,6 +63,9 @@ export const USAGE = `usage: node dist/bench/run.js [options]   (npm run bench)
   --scale LIST          service ports for the start-up run (default 1000,10000)
   --move-ports N        service ports loaded during the endpoint move (default 10000)
   --idle-conns N        idle proxied connections held open (default 9000)
+  --iptables-scale LIST Services the iptables portal holds in the iptables-scale workload, before
+                        it adds one (default 0,1000,10000; needs root and iptables)
+  --iptables-kinds LIST what those Services are: ${IPTABLES_KINDS.join(',')} (default both)
   --out DIR             where the JSON and SVG go (default bench/results)
   --proxy-cpu LIST      core(s) for the proxies, taskset syntax (default 0; with --workers N, every core)
   --load-cpu LIST       core(s) for backends, load generators and the harness (default 1; with
@@ -117,6 +126,8 @@ export function parseOptions(argv: readonly string[], defaultOutDir: string): Op
       scale: { type: 'string' },
       'move-ports': { type: 'string' },
       'idle-conns': { type: 'string' },
+      'iptables-scale': { type: 'string' },
+      'iptables-kinds': { type: 'string' },
       out: { type: 'string' },
       'proxy-cpu': { type: 'string' },
       'load-cpu': { type: 'string' },
@@ -148,6 +159,8 @@ export function parseOptions(argv: readonly string[], defaultOutDir: string): Op
     scalePorts,
     movePorts: int('move-ports', values['move-ports'], 10_000, 1),
     idleConns: int('idle-conns', values['idle-conns'], 9000, 1),
+    iptablesServices: (values['iptables-scale'] ?? '0,1000,10000').split(',').map((s) => int('iptables-scale', s.trim(), 0, 0)),
+    iptablesKinds: list('iptables-kinds', values['iptables-kinds'], IPTABLES_KINDS, IPTABLES_KINDS),
     outDir: values.out ?? defaultOutDir,
     pin: !values['no-pin'],
     proxyCpus: cpuList('proxy-cpu', values['proxy-cpu'] ?? (manyWorkers ? allCores : '0')),
@@ -164,6 +177,7 @@ export function parseOptions(argv: readonly string[], defaultOutDir: string): Op
     help: values.help ?? false,
   };
   if (Math.max(...o.scalePorts, o.movePorts) > 254 * 254) throw new Error(`--scale/--move-ports: at most ${254 * 254} service ports`);
+  if (Math.max(...o.iptablesServices) > 20_000) throw new Error('--iptables-scale: at most 20000 Services');
   for (const e of o.proxyEnv) if (!/^[A-Za-z_][A-Za-z0-9_]*=/.test(e)) throw new Error(`--proxy-env: "${e}" is not NAME=VALUE`);
   const shared = cpusOf(o.proxyCpus).filter((c) => cpusOf(o.loadCpus).includes(c));
   if (o.pin && o.workers === 1 && shared.length > 0) throw new Error('--proxy-cpu and --load-cpu must not share a core (or give --no-pin, or --workers N to measure the whole machine)');

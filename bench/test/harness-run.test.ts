@@ -5,6 +5,8 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, describe, expect, it } from 'vitest';
 import type { BenchResults } from '../lib/results.js';
+import { iptablesScaleSkipReason } from '../lib/iptables-scale.js';
+import { TARGETS } from '../lib/targets.js';
 import { findTools, missingLine, type ToolName } from '../lib/tools.js';
 
 /**
@@ -41,7 +43,7 @@ function readResults(dir: string): BenchResults {
 function expectWellFormed(r: BenchResults): void {
   expect(r.schema).toBe('kube-userspace-proxy-bench/1');
   expect(r.meta).toMatchObject({ node: process.version });
-  expect(r.targets).toHaveLength(11);
+  expect(r.targets).toHaveLength(TARGETS.length);
   for (const run of r.runs) {
     expect(typeof run.workload).toBe('string');
     for (const v of Object.values(run.metrics)) expect(typeof v === 'number' && !Number.isNaN(v)).toBe(true);
@@ -80,7 +82,7 @@ describe('bench harness, a brief run', () => {
 
   it.skipIf(missing !== undefined)(`runs every workload on every system briefly${missing ? ` (skipped: ${missing})` : ''}`, async () => {
     const out = outDir();
-    const args = ['--runs', '1', '--duration', '1', '--warmup', '0', '--scale', '20', '--move-ports', '20', '--idle-conns', '40', '--out', out];
+    const args = ['--runs', '1', '--duration', '1', '--warmup', '0', '--scale', '20', '--move-ports', '20', '--idle-conns', '40', '--iptables-scale', '0,20', '--out', out];
     const { code, out: log } = await runHarness(args, 170_000);
     expect(code, log).toBe(0);
     const r = readResults(out);
@@ -94,6 +96,9 @@ describe('bench harness, a brief run', () => {
     expect(r.ratios.length).toBeGreaterThan(0);
     expect(r.runs.some((x) => x.workload === 'endpoint-move@20' && x.metrics.moveMs !== undefined)).toBe(true);
     expect(r.runs.filter((x) => x.workload === 'idle-conns@40').map((x) => x.metrics.opened)).toEqual([40, 40, 40]);
+    // Root and iptables: the portal at 20 Services, both kinds; otherwise one skip line says why.
+    if (iptablesScaleSkipReason() === undefined) expect(r.runs.filter((x) => x.workload.startsWith('iptables-scale')).map((x) => x.workload).sort()).toEqual(['iptables-scale-nodeport@0', 'iptables-scale-nodeport@20', 'iptables-scale@0', 'iptables-scale@20']);
+    else expect(r.skipped.map((x) => x.what)).toContain('iptables-scale');
     expect(log).toContain('Targets:');
   }, 180_000);
 });

@@ -1,10 +1,22 @@
 /**
- * The chains of the iptables portal and the jumps that lead into them. The chain names are the
- * legacy userspace proxy's, so tools and runbooks written for it still find them; the guard chain
- * is ours alone (the legacy mode had no guard).
+ * The chains of the iptables portal and the jumps that lead into them. The six root chains keep
+ * the legacy userspace proxy's names, so tools and runbooks written for it still find them (the
+ * guard chain is ours alone: the legacy mode had no guard). Below each root hangs a small tree of
+ * chains of our own (see dispatch-tree.ts), all named `KUBE-UP-<tree>-...`, so that a packet is
+ * compared with a handful of rules rather than with one rule per Service.
  */
 
 export type Table = 'nat' | 'filter';
+
+/** Chain name -> its rules, each as iptables-save prints it without `-A <chain> `, in order. */
+export type ChainRules = Map<string, string[]>;
+
+/** The contents of our chains, per table: as rendered, as written, or as read back from a dump. */
+export type TableChains = Record<Table, ChainRules>;
+
+export function emptyChains(): TableChains {
+  return { nat: new Map(), filter: new Map() };
+}
 
 /** Traffic from pods (and from other hosts) to a portal address: jumped to from the top of PREROUTING. */
 export const PORTALS_CONTAINER = 'KUBE-PORTALS-CONTAINER';
@@ -24,8 +36,29 @@ export const OWN_CHAINS: Readonly<Record<Table, readonly string[]>> = {
   filter: [PROXY_PORTS_GUARD, NODEPORT_NON_LOCAL],
 };
 
+/** Every chain of the trees below the roots starts with this. */
+export const SUBCHAIN_PREFIX = 'KUBE-UP-';
+
+/** The prefix of the tree below each root (`KUBE-UP-PC-`...): two letters, so names stay under iptables' 28 characters. */
+export const TREE_PREFIX: Readonly<Record<string, string>> = {
+  [PORTALS_CONTAINER]: `${SUBCHAIN_PREFIX}PC-`,
+  [PORTALS_HOST]: `${SUBCHAIN_PREFIX}PH-`,
+  [NODEPORT_CONTAINER]: `${SUBCHAIN_PREFIX}NC-`,
+  [NODEPORT_HOST]: `${SUBCHAIN_PREFIX}NH-`,
+  [PROXY_PORTS_GUARD]: `${SUBCHAIN_PREFIX}PP-`,
+  [NODEPORT_NON_LOCAL]: `${SUBCHAIN_PREFIX}NL-`,
+};
+
+const TREE_PREFIXES: Readonly<Record<Table, readonly string[]>> = {
+  nat: OWN_CHAINS.nat.map((c) => TREE_PREFIX[c] as string),
+  filter: OWN_CHAINS.filter.map((c) => TREE_PREFIX[c] as string),
+};
+
+/** A root chain of ours, or a chain of the tree below one (in the table that tree lives in). */
 export function isOwnChain(table: string, chain: string): boolean {
-  return (OWN_CHAINS[table as Table] ?? []).includes(chain);
+  const t = table as Table;
+  if ((OWN_CHAINS[t] ?? []).includes(chain)) return true;
+  return chain.startsWith(SUBCHAIN_PREFIX) && (TREE_PREFIXES[t] ?? []).some((p) => chain.startsWith(p));
 }
 
 /** A rule in a built-in chain that sends traffic into one of ours. */
@@ -49,14 +82,20 @@ const LOCAL = '-m addrtype --dst-type LOCAL';
 
 /**
  * In the order they must end up in. Two `top` jumps into one chain are inserted in reverse so the
- * first listed stays first: the guard must see a connection before the node-port ACCEPT does
- * (each is safe alone too: the ACCEPT requires a DNATed connection).
+ * first listed stays first (they are disjoint today, so the order is for readers).
+ *
+ * The filter jumps carry conntrack conditions: INPUT sees every packet of every connection on the
+ * node, ours or not, and a packet that fails the first match of a jump costs one comparison. Only
+ * a connection's first packet (state NEW) can be refused or let in, and of those the guard wants
+ * the ones no NAT rule sent (`! --ctstate DNAT`; REDIRECT counts as DNAT), the node-port ACCEPTs
+ * the ones one did. (The nat jumps need no such condition: netfilter consults the nat table for a
+ * connection's first packet only.)
  */
 export const JUMPS: readonly Jump[] = [
   { table: 'nat', from: 'PREROUTING', to: PORTALS_CONTAINER, matches: '-m comment --comment "kube-userspace-proxy service portals; before node ports"', position: 'top' },
   { table: 'nat', from: 'OUTPUT', to: PORTALS_HOST, matches: '-m comment --comment "kube-userspace-proxy service portals; before node ports"', position: 'top' },
   { table: 'nat', from: 'PREROUTING', to: NODEPORT_CONTAINER, matches: `${LOCAL} -m comment --comment "kube-userspace-proxy node ports; keep last"`, position: 'bottom' },
   { table: 'nat', from: 'OUTPUT', to: NODEPORT_HOST, matches: `${LOCAL} -m comment --comment "kube-userspace-proxy node ports; keep last"`, position: 'bottom' },
-  { table: 'filter', from: 'INPUT', to: PROXY_PORTS_GUARD, matches: '-m comment --comment "kube-userspace-proxy proxy ports answer portal traffic only"', position: 'top' },
-  { table: 'filter', from: 'INPUT', to: NODEPORT_NON_LOCAL, matches: '-m comment --comment "kube-userspace-proxy node port traffic may enter"', position: 'top' },
+  { table: 'filter', from: 'INPUT', to: PROXY_PORTS_GUARD, matches: '-m conntrack --ctstate NEW -m conntrack ! --ctstate DNAT -m comment --comment "kube-userspace-proxy proxy ports answer portal traffic only"', position: 'top' },
+  { table: 'filter', from: 'INPUT', to: NODEPORT_NON_LOCAL, matches: '-m conntrack --ctstate NEW -m conntrack --ctstate DNAT -m comment --comment "kube-userspace-proxy node port traffic may enter"', position: 'top' },
 ];

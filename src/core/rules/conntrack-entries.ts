@@ -103,6 +103,8 @@ export interface StaleFlows {
 
 /** The stale entries among `entries`, grouped into as few delete filters as their fields allow. */
 export function staleFlows(entries: readonly ConntrackEntry[], q: StaleQuery): StaleFlows[] {
+  // The usual answer at a first sync; not worth indexing every target's portals for.
+  if (entries.length === 0) return [];
   const byPortal = new Map<string, ConntrackTarget>();
   const byNodePort = new Map<string, ConntrackTarget>();
   for (const t of q.targets) {

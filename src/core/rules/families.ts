@@ -4,15 +4,28 @@ import type { ProxyUnit } from '../units.js';
 /** Which IP families a service port is served in, by `servicePort` key. */
 export type FamilyHints = ReadonlyMap<string, readonly IPFamily[]>;
 
+/**
+ * Units are never changed once made (a changed Service is a new unit), and every sync asks each
+ * unit's families several times over; at 10,000 Services, checking the address syntax each time
+ * was a noticeable part of a sync.
+ */
+const knownFamilies = new WeakMap<ProxyUnit, readonly IPFamily[]>();
+
 /** The families of a unit's addressed portals (ClusterIPs, externalIPs, load-balancer IPs). */
-export function portalFamilies(unit: ProxyUnit): IPFamily[] {
+export function portalFamilies(unit: ProxyUnit): readonly IPFamily[] {
+  const known = knownFamilies.get(unit);
+  if (known) return known;
   const found = new Set<IPFamily>();
   for (const p of unit.portals) {
     const f = p.ip ? ipFamily(p.ip) : undefined;
     if (f) found.add(f);
   }
-  return [...found].sort();
+  const families = Object.freeze([...found].sort());
+  knownFamilies.set(unit, families);
+  return families;
 }
+
+const IPV4_ONLY: readonly IPFamily[] = Object.freeze([4]);
 
 /**
  * The families a unit is served in. A node port carries no address of its own: its families are
@@ -20,21 +33,22 @@ export function portalFamilies(unit: ProxyUnit): IPFamily[] {
  * then takes the families of its sibling half (same `servicePort`) from `hints`, and IPv4 when
  * no sibling is known.
  */
-export function unitFamilies(unit: ProxyUnit, hints: FamilyHints): IPFamily[] {
+export function unitFamilies(unit: ProxyUnit, hints: FamilyHints): readonly IPFamily[] {
   const own = portalFamilies(unit);
   if (own.length > 0) return own;
   const sibling = hints.get(unit.servicePort);
-  return sibling && sibling.length > 0 ? [...sibling] : [4];
+  return sibling && sibling.length > 0 ? sibling : IPV4_ONLY;
 }
 
 /** Family hints from a set of units: the union of each service port's addressed families. */
-export function familyHints(units: Iterable<ProxyUnit>): Map<string, IPFamily[]> {
-  const hints = new Map<string, IPFamily[]>();
+export function familyHints(units: Iterable<ProxyUnit>): Map<string, readonly IPFamily[]> {
+  const hints = new Map<string, readonly IPFamily[]>();
   for (const u of units) {
     const own = portalFamilies(u);
     if (own.length === 0) continue;
-    const merged = new Set([...(hints.get(u.servicePort) ?? []), ...own]);
-    hints.set(u.servicePort, [...merged].sort());
+    const known = hints.get(u.servicePort);
+    // Most service ports are one unit: merge only for the second half of a split one.
+    hints.set(u.servicePort, known === undefined ? own : [...new Set([...known, ...own])].sort());
   }
   return hints;
 }
@@ -45,7 +59,7 @@ export function familyHints(units: Iterable<ProxyUnit>): Map<string, IPFamily[]>
  * every sync. Both portals that program the node keep one.
  */
 export class FamilyBook {
-  private hints = new Map<string, IPFamily[]>();
+  private hints = new Map<string, readonly IPFamily[]>();
 
   /** Adds what these units say, keeping what is known of others. */
   learn(units: readonly ProxyUnit[]): void {
@@ -57,7 +71,12 @@ export class FamilyBook {
     this.hints = familyHints(units);
   }
 
-  familiesOf(unit: ProxyUnit): IPFamily[] {
+  familiesOf(unit: ProxyUnit): readonly IPFamily[] {
     return unitFamilies(unit, this.hints);
+  }
+
+  /** What is known of every service port, for a render of the units `replace` was given. */
+  get known(): FamilyHints {
+    return this.hints;
   }
 }

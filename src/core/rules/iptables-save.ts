@@ -1,4 +1,4 @@
-import { JUMPS, OWN_CHAINS, isOwnChain, type Jump, type Table } from './chains.js';
+import { JUMPS, OWN_CHAINS, emptyChains, isOwnChain, type Jump, type Table, type TableChains } from './chains.js';
 
 /**
  * Reading `iptables-save` output and planning edits from it, pure. The plans only ever delete
@@ -56,6 +56,19 @@ function targetOf(words: readonly string[]): string | undefined {
   return undefined;
 }
 
+/**
+ * The target of a saved rule. A dump holds a rule per Service and more, so the common case is
+ * read without splitting the line into words: without a backslash, quotes are plain pairs, and
+ * whatever follows the last one is outside them.
+ */
+function ruleTarget(spec: string): string | undefined {
+  if (spec.includes('\\')) return targetOf(splitWords(spec));
+  const quote = spec.lastIndexOf('"');
+  const found = / -[jg] (\S+)/.exec(` ${spec.slice(quote + 1)}`)?.[1];
+  // A target with quoted options of its own (`-j LOG --log-prefix "..."`) comes before the last quote.
+  return found !== undefined || quote < 0 ? found : targetOf(splitWords(spec));
+}
+
 export function parseIptablesSave(text: string): SavedTables {
   const tables: SavedTables = new Map();
   let current: SavedTable | undefined;
@@ -73,7 +86,7 @@ export function parseIptablesSave(text: string): SavedTables {
       const chain = line.slice(3).split(' ')[0] ?? '';
       const spec = line.slice(3 + chain.length + 1);
       const rule: SavedRule = { chain, spec };
-      const target = targetOf(splitWords(spec));
+      const target = ruleTarget(spec);
       if (target !== undefined) rule.target = target;
       current.rules.push(rule);
     }
@@ -89,31 +102,30 @@ export function jumpLine(j: Jump, op: '-I' | '-A'): string {
 }
 
 /**
- * Compares the dump with JUMPS: a missing jump is added (top or bottom), duplicates and jumps to
- * our chains from anywhere else are deleted. A jump present once is left where it is, even if
- * someone inserted rules above it: moving it every period would fight whoever did.
+ * Compares the dump with JUMPS: a missing jump is added (top or bottom), duplicates, jumps whose
+ * matches differ from ours (an earlier version's) and jumps into any chain of ours from anywhere
+ * else are deleted. A jump present once, as we write it, is left where it is, even if someone
+ * inserted rules above it: moving it every period would fight whoever did.
  */
 export function planJumps(saved: SavedTables): JumpPlan {
   const plan: JumpPlan = { nat: [], filter: [] };
   for (const table of ['nat', 'filter'] as const) {
     const rules = saved.get(table)?.rules ?? [];
+    const wanted = JUMPS.filter((j) => j.table === table);
+    const seen = new Set<Jump>();
     const deletes: string[] = [];
     const inserts: string[] = [];
     const appends: string[] = [];
-    for (const to of OWN_CHAINS[table]) {
-      const wanted = JUMPS.filter((j) => j.table === table && j.to === to);
-      const seen = new Set<string>();
-      for (const r of rules) {
-        if (r.target !== to || isOwnChain(table, r.chain)) continue;
-        const isWanted = wanted.some((j) => j.from === r.chain);
-        if (isWanted && !seen.has(r.chain)) seen.add(r.chain);
-        else deletes.push(`-D ${r.chain} ${r.spec}`);
-      }
-      for (const j of wanted) {
-        if (seen.has(j.from)) continue;
-        if (j.position === 'top') inserts.unshift(jumpLine(j, '-I'));
-        else appends.push(jumpLine(j, '-A'));
-      }
+    for (const r of rules) {
+      if (r.target === undefined || !isOwnChain(table, r.target) || isOwnChain(table, r.chain)) continue;
+      const j = wanted.find((w) => w.from === r.chain && w.to === r.target && r.spec === `${w.matches} -j ${w.to}`);
+      if (j && !seen.has(j)) seen.add(j);
+      else deletes.push(`-D ${r.chain} ${r.spec}`);
+    }
+    for (const j of wanted) {
+      if (seen.has(j)) continue;
+      if (j.position === 'top') inserts.unshift(jumpLine(j, '-I'));
+      else appends.push(jumpLine(j, '-A'));
     }
     plan[table] = [...deletes, ...inserts, ...appends];
   }
@@ -127,7 +139,8 @@ export function freshJumps(): JumpPlan {
 
 /**
  * An iptables-restore payload removing every trace of ours the dump shows (jumps first, then our
- * chains, flushed before deleted), or '' when there is nothing to remove.
+ * chains, the trees below the roots included, flushed before deleted), or '' when there is
+ * nothing to remove.
  */
 export function planRemoval(saved: SavedTables): string {
   const out: string[] = [];
@@ -138,10 +151,27 @@ export function planRemoval(saved: SavedTables): string {
     for (const r of t.rules) {
       if (r.target !== undefined && isOwnChain(table, r.target) && !isOwnChain(table, r.chain)) lines.push(`-D ${r.chain} ${r.spec}`);
     }
-    const present = OWN_CHAINS[table].filter((c) => t.chains.has(c));
+    const present = [...OWN_CHAINS[table].filter((c) => t.chains.has(c)), ...[...t.chains].filter((c) => !OWN_CHAINS[table].includes(c) && isOwnChain(table, c)).sort()];
     for (const c of present) lines.push(`-F ${c}`);
     for (const c of present) lines.push(`-X ${c}`);
     if (lines.length > 0) out.push(`*${table}`, ...lines, 'COMMIT');
   }
   return out.length > 0 ? `${out.join('\n')}\n` : '';
+}
+
+/** Our chains as the dump shows them: each with its rules, in order (empty maps when none are there). */
+export function chainsInDump(saved: SavedTables): TableChains {
+  const out = emptyChains();
+  for (const table of ['nat', 'filter'] as const) {
+    const t = saved.get(table);
+    if (!t) continue;
+    for (const c of t.chains) if (isOwnChain(table, c)) out[table].set(c, []);
+    for (const r of t.rules) out[table].get(r.chain)?.push(r.spec);
+  }
+  return out;
+}
+
+/** Whether the dump holds anything of ours: a chain, or a jump into one. */
+export function hasOurs(saved: SavedTables): boolean {
+  return planRemoval(saved) !== '';
 }

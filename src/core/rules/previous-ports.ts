@@ -1,4 +1,4 @@
-import { NODEPORT_CONTAINER, NODEPORT_HOST, PORTALS_CONTAINER, PORTALS_HOST, PROXY_PORTS_GUARD } from './chains.js';
+import { isOwnChain } from './chains.js';
 import { splitWords, type SavedTables } from './iptables-save.js';
 
 /**
@@ -8,8 +8,6 @@ import { splitWords, type SavedTables } from './iptables-save.js';
  * sending steadily keeps its entry alive, and the entry keeps pointing at the port it was NATed to
  * when it was created.
  */
-
-const NAT_CHAINS = [PORTALS_CONTAINER, PORTALS_HOST, NODEPORT_CONTAINER, NODEPORT_HOST];
 
 function valueAfter(words: readonly string[], option: string): string | undefined {
   const i = words.indexOf(option);
@@ -32,25 +30,18 @@ function natPort(words: readonly string[]): number | undefined {
 }
 
 /**
- * Unit id -> proxy port, from our nat chains (IPv4 or IPv6 dump alike), and from the guard chain
- * for a unit that had no nat rule in the family (its proxy port rule carries the bare id; node
- * ports carry `<id> node port`). The first port seen for an id wins: the rules of one run agree.
+ * Unit id -> proxy port, from the rules of our nat chains (the roots, where an earlier version
+ * wrote every rule, and the trees below them; IPv4 or IPv6 dump alike). The first port seen for an
+ * id wins: the rules of one run agree. Only NAT rules count: a unit that had none (its portals
+ * could not be programmed) has no flows whose conntrack entries a port of its own would keep.
  */
 export function previousProxyPorts(saved: SavedTables, into: Map<string, number> = new Map()): Map<string, number> {
-  const add = (comment: string | undefined, port: number | undefined): void => {
-    if (comment !== undefined && port !== undefined && !into.has(comment)) into.set(comment, port);
-  };
   for (const r of saved.get('nat')?.rules ?? []) {
-    if (!NAT_CHAINS.includes(r.chain)) continue;
-    const words = splitWords(r.spec);
-    add(valueAfter(words, '--comment'), natPort(words));
-  }
-  for (const r of saved.get('filter')?.rules ?? []) {
-    if (r.chain !== PROXY_PORTS_GUARD) continue;
+    if (!isOwnChain('nat', r.chain) || !r.spec.includes('--comment')) continue;
     const words = splitWords(r.spec);
     const comment = valueAfter(words, '--comment');
-    if (comment?.endsWith(' node port')) continue;
-    add(comment, portNumber(valueAfter(words, '--dport')));
+    const port = natPort(words);
+    if (comment !== undefined && port !== undefined && !into.has(comment)) into.set(comment, port);
   }
   return into;
 }

@@ -1,22 +1,25 @@
-import { hostPort, ipFamily, parseCidr, type IPFamily } from '../address.js';
-import type { PortalAddress, Protocol } from '../model.js';
+import { ipFamily, parseCidr, type IPFamily } from '../address.js';
+import type { Protocol } from '../model.js';
 import type { ProxyUnit } from '../units.js';
 import {
   NODEPORT_CONTAINER,
   NODEPORT_HOST,
   NODEPORT_NON_LOCAL,
-  OWN_CHAINS,
   PORTALS_CONTAINER,
   PORTALS_HOST,
   PROXY_PORTS_GUARD,
-  type Table,
+  TREE_PREFIX,
+  type ChainRules,
+  type TableChains,
 } from './chains.js';
-import { familyHints, unitFamilies } from './families.js';
-import type { JumpPlan } from './iptables-save.js';
+import { addressTree, portTree, type AddressEntry, type PortEntry } from './dispatch-tree.js';
+import { familyHints, unitFamilies, type FamilyHints } from './families.js';
+import { hostSharesContainer, unitRules, type UnitRulesCache, type UnitRulesContext } from './unit-rules.js';
 
 /**
- * The iptables portal's rules for one IP family, rendered as iptables-restore text. Pure: the
- * caller brings the proxy ports it bound and the node's address, and runs the text.
+ * The iptables portal's rules for one IP family: the contents of each of our chains, as
+ * iptables-save prints them. Pure: the caller brings the proxy ports it bound and the node's
+ * address, and writes the chains (sync-plan.ts turns them into an iptables-restore transaction).
  *
  * REDIRECT or DNAT, and why:
  * - Traffic arriving from pods or other hosts (PREROUTING) is REDIRECTed to the proxy port when
@@ -27,11 +30,17 @@ import type { JumpPlan } from './iptables-save.js';
  *   leave from whichever address routing picks, which need not match.
  * - When proxy ports listen on one address only (`--bind-address`), REDIRECT could pick an address
  *   nothing listens on, so pod traffic is DNATed to that address instead.
- * - Traffic the node itself sends (OUTPUT) cannot be REDIRECTed usefully: REDIRECT in OUTPUT
- *   means 127.0.0.1 (::1), and a reply from the proxy's wildcard socket to a local client leaves
- *   from the client's own address, not from loopback, so conntrack misses it and UDP clients drop
- *   it. It is DNATed to an address of the node (the default route's, which is also the source a
+ * - UDP the node itself sends (OUTPUT) cannot be REDIRECTed usefully: REDIRECT in OUTPUT means
+ *   127.0.0.1 (::1), and a reply from the proxy's wildcard socket to a local client leaves from
+ *   the client's own address, not from loopback, so conntrack misses it and UDP clients drop it.
+ *   It is DNATed to an address of the node (the default route's, which is also the source a
  *   local client picks for a portal address routed that way), where conntrack does match.
+ * - TCP the node sends is REDIRECTed like arriving traffic: an accepted TCP socket answers from
+ *   the address it was reached at (127.0.0.1 or ::1), which is what conntrack expects. So
+ *   KUBE-PORTALS-HOST and KUBE-NODEPORT-HOST first jump to their CONTAINER twins for TCP (for
+ *   everything with `--bind-address`, where both DNAT to it) and hold rules of their own for UDP
+ *   only: one rule per portal instead of two, which halves what a sync writes. (The legacy mode
+ *   DNATed every protocol in OUTPUT; the reason it gave, DNS replies, is UDP's.)
  * - Node ports arrive at any local address (the jump carries `--dst-type LOCAL`), or only at the
  *   `--nodeport-addresses` CIDRs (`-d CIDR` on each rule).
  *
@@ -39,7 +48,13 @@ import type { JumpPlan } from './iptables-save.js';
  * KUBE-PROXY-PORTS rejects a new connection to a proxy port (or to a held node port) unless
  * conntrack says it was DNATed, and REDIRECT counts as DNAT there. So `node-address:proxy-port`
  * from another host, or from a pod, is refused. The node-port ACCEPT in KUBE-NODEPORT-NON-LOCAL
- * requires DNAT too, so neither chain opens a proxy port on its own, whatever their order.
+ * requires DNAT too. Both conditions sit on the jumps from INPUT (so that other traffic pays one
+ * comparison, see chains.ts) and again on each rule, so neither chain opens a proxy port or
+ * refuses portal traffic if someone jumps into it without them.
+ *
+ * The rules sit in trees below the six root chains (dispatch-tree.ts): the nat rules by portal
+ * address or node port, each carrying its unit's id as comment; the filter rules by port, as
+ * `-m multiport` rules of up to 15 ports each (no comment: one rule serves up to 15 units).
  */
 
 export interface PortalTarget {
@@ -57,11 +72,12 @@ export interface IptablesRenderInput {
   hostIP: string;
   /** `--nodeport-addresses`; empty: every local address. Only the CIDRs of `family` count. */
   nodePortCIDRs: readonly string[];
+  /** The families of each service port (familyHints of `targets`), when the caller has them already. */
+  hints?: FamilyHints;
 }
 
 export interface RenderedRules {
-  /** `-A` lines per table, in the order they are to be written. */
-  rules: Record<Table, string[]>;
+  chains: TableChains;
   /** One line per portal that cannot be programmed in this family. */
   errors: string[];
 }
@@ -93,65 +109,107 @@ export function hostFamily(host: string): IPFamily {
   return host === '' ? 4 : (ipFamily(host) ?? 4);
 }
 
+/** Ports per `-m multiport` rule: the match takes at most 15. */
+const MULTIPORT_MAX = 15;
 
-function quote(text: string): string {
-  return `"${text.replace(/["\\]/g, (c) => `\\${c}`)}"`;
+/** The same REJECT as iptables-save prints it back, so a dump compares equal to what was written. */
+function rejectTarget(protocol: Protocol, family: IPFamily): string {
+  if (protocol === 'TCP') return 'REJECT --reject-with tcp-reset';
+  return family === 4 ? 'REJECT --reject-with icmp-port-unreachable' : 'REJECT --reject-with icmp6-port-unreachable';
 }
 
-function match(protocol: Protocol, comment: string, dport: number, dest?: string): string {
-  const p = protocol.toLowerCase();
-  return `${dest ? `-d ${dest} ` : ''}-p ${p} -m comment --comment ${quote(comment)} -m ${p} --dport ${dport}`;
+/**
+ * One multiport rule per run of up to 15 ports of one protocol inside one block of 1,024, so
+ * each rule falls into exactly one leaf of a one-level port tree. `specOf` writes the rule.
+ */
+function multiportEntries(ports: ReadonlyMap<Protocol, Set<number>>, specOf: (protocol: Protocol, ports: string) => string): PortEntry[] {
+  const out: PortEntry[] = [];
+  for (const [protocol, set] of ports) {
+    const sorted = [...set].sort((a, b) => a - b);
+    let i = 0;
+    while (i < sorted.length) {
+      const block = (sorted[i] as number) >> 10;
+      const chunk: number[] = [];
+      while (i < sorted.length && chunk.length < MULTIPORT_MAX && (sorted[i] as number) >> 10 === block) chunk.push(sorted[i++] as number);
+      out.push({ protocol, port: chunk[0] as number, spec: specOf(protocol, chunk.join(',')) });
+    }
+  }
+  return out;
 }
 
-function hostPrefix(ip: string): string {
-  return ip.includes(':') ? `${ip}/128` : `${ip}/32`;
+function addPort(into: Map<Protocol, Set<number>>, protocol: Protocol, port: number): void {
+  const set = into.get(protocol);
+  if (set) set.add(port);
+  else into.set(protocol, new Set([port]));
 }
 
-interface UnitContext {
-  family: IPFamily;
-  unit: ProxyUnit;
-  proxyPort: number;
-  containerTarget: string;
-  hostTarget: string;
-  nodePortDests: Array<string | undefined>;
-}
-
-export function renderIptablesRules(input: IptablesRenderInput): RenderedRules {
-  const out: RenderedRules = { rules: { nat: [], filter: [] }, errors: [] };
-  const byChain = new Map<string, string[]>([...OWN_CHAINS.nat, ...OWN_CHAINS.filter].map((c) => [c, []]));
-  const add = (chain: string, line: string): void => {
-    byChain.get(chain)?.push(`-A ${chain} ${line}`);
+/**
+ * `cache` (kept by the caller from one sync to the next) reuses the rules of units that did not
+ * change; the result is the same with or without it.
+ */
+export function renderIptablesRules(input: IptablesRenderInput, cache?: UnitRulesCache): RenderedRules {
+  const errors: string[] = [];
+  const portalsContainer: AddressEntry[] = [];
+  const portalsHost: AddressEntry[] = [];
+  const nodePortsContainer: PortEntry[] = [];
+  const nodePortsHost: PortEntry[] = [];
+  const guarded = new Map<Protocol, Set<number>>();
+  const nodePortTargets = new Map<Protocol, Set<number>>();
+  const hints = input.hints ?? familyHints(input.targets.map((t) => t.unit));
+  const ctx: UnitRulesContext = {
+    family: input.family,
+    bindAddress: input.bindAddress,
+    wildcard: isWildcard(input.bindAddress),
+    bindFamily: hostFamily(input.bindAddress),
+    hostIP: input.hostIP,
+    nodePortDests: nodePortDestinations(input.family, input.nodePortCIDRs),
   };
-  const hints = familyHints(input.targets.map((t) => t.unit));
-  const nodePortDests = nodePortDestinations(input.family, input.nodePortCIDRs);
-  const guarded = new Set<string>();
-  const guard = (protocol: Protocol, port: number, comment: string): void => {
-    const key = `${protocol}/${port}`;
-    if (guarded.has(key)) return;
-    guarded.add(key);
-    const reject = protocol === 'TCP' ? 'REJECT --reject-with tcp-reset' : 'REJECT';
-    add(PROXY_PORTS_GUARD, `${match(protocol, comment, port)} -m conntrack --ctstate NEW -m conntrack ! --ctstate DNAT -j ${reject}`);
-  };
-
+  cache?.begin(ctx);
   const targets = [...input.targets].sort((a, b) => (a.unit.id < b.unit.id ? -1 : a.unit.id > b.unit.id ? 1 : 0));
   for (const { unit, proxyPort } of targets) {
     if (proxyPort === undefined) continue;
     const families = unitFamilies(unit, hints);
-    const comment = unit.id;
-    if (proxyPortHosts(input.bindAddress, families).some((h) => hostFamily(h) === input.family)) guard(unit.protocol, proxyPort, comment);
-    if (!families.includes(input.family)) continue;
-    for (const p of unit.portals) if (p.kind === 'nodePort') guard(unit.protocol, p.port, `${comment} node port`);
-    const ctx = unitContext(input, unit, proxyPort, nodePortDests);
-    if (typeof ctx === 'string') {
-      out.errors.push(ctx);
-      continue;
-    }
-    for (const p of unit.portals) renderPortal(ctx, p, add);
+    const r = cache ? cache.rulesOf(ctx, unit, proxyPort, families) : unitRules(ctx, unit, proxyPort, families);
+    for (const port of r.guarded) addPort(guarded, unit.protocol, port);
+    if (r.error !== undefined) errors.push(r.error);
+    if (r.nodePortTarget) addPort(nodePortTargets, unit.protocol, proxyPort);
+    for (const e of r.portalsContainer) portalsContainer.push(e);
+    for (const e of r.portalsHost) portalsHost.push(e);
+    for (const e of r.nodePortsContainer) nodePortsContainer.push(e);
+    for (const e of r.nodePortsHost) nodePortsHost.push(e);
   }
-  for (const table of ['nat', 'filter'] as const) {
-    for (const chain of OWN_CHAINS[table]) out.rules[table].push(...(byChain.get(chain) ?? []));
-  }
-  return out;
+  cache?.end();
+  const guardSpec = (protocol: Protocol, ports: string): string => {
+    const p = protocol.toLowerCase();
+    return `-p ${p} -m multiport --dports ${ports} -m conntrack --ctstate NEW -m conntrack ! --ctstate DNAT -j ${rejectTarget(protocol, input.family)}`;
+  };
+  const acceptSpec = (protocol: Protocol, ports: string): string => {
+    const p = protocol.toLowerCase();
+    return `-p ${p} -m multiport --dports ${ports} -m conntrack --ctstate NEW -m conntrack --ctstate DNAT -j ACCEPT`;
+  };
+  const tree = (root: string): string => TREE_PREFIX[root] as string;
+  // The node's own traffic first takes the arriving traffic's rules where they serve it (all of
+  // it with --bind-address, TCP otherwise), then its own tree for the rest.
+  const shared = hostSharesContainer(ctx, 'UDP') ? '' : '-p tcp ';
+  const hostTree = (root: string, into: string, chains: ChainRules): ChainRules => {
+    chains.get(root)?.unshift(`${shared}-j ${into}`);
+    return chains;
+  };
+  return {
+    chains: {
+      nat: new Map([
+        ...addressTree(PORTALS_CONTAINER, tree(PORTALS_CONTAINER), input.family, portalsContainer),
+        ...hostTree(PORTALS_HOST, PORTALS_CONTAINER, addressTree(PORTALS_HOST, tree(PORTALS_HOST), input.family, portalsHost)),
+        ...portTree(NODEPORT_CONTAINER, tree(NODEPORT_CONTAINER), nodePortsContainer, 2),
+        ...hostTree(NODEPORT_HOST, NODEPORT_CONTAINER, portTree(NODEPORT_HOST, tree(NODEPORT_HOST), nodePortsHost, 2)),
+      ]),
+      filter: new Map([
+        ...portTree(PROXY_PORTS_GUARD, tree(PROXY_PORTS_GUARD), multiportEntries(guarded, guardSpec), 1),
+        ...portTree(NODEPORT_NON_LOCAL, tree(NODEPORT_NON_LOCAL), multiportEntries(nodePortTargets, acceptSpec), 1),
+      ]),
+    },
+    errors,
+  };
 }
 
 /** `[undefined]` for "every local address", else one `-d` per CIDR of the family (none: no node ports in it). */
@@ -163,58 +221,15 @@ function nodePortDestinations(family: IPFamily, cidrs: readonly string[]): Array
   });
 }
 
-function unitContext(input: IptablesRenderInput, unit: ProxyUnit, proxyPort: number, nodePortDests: Array<string | undefined>): UnitContext | string {
-  if (isWildcard(input.bindAddress)) {
-    return { family: input.family, unit, proxyPort, containerTarget: `REDIRECT --to-ports ${proxyPort}`, hostTarget: `DNAT --to-destination ${hostPort({ host: input.hostIP, port: proxyPort })}`, nodePortDests };
-  }
-  if (ipFamily(input.bindAddress) !== input.family) {
-    return `${unit.id}: cannot program its IPv${input.family} portals: proxy ports listen on --bind-address ${input.bindAddress} only`;
-  }
-  const target = `DNAT --to-destination ${hostPort({ host: input.bindAddress, port: proxyPort })}`;
-  return { family: input.family, unit, proxyPort, containerTarget: target, hostTarget: target, nodePortDests };
-}
-
-function renderPortal(ctx: UnitContext, p: PortalAddress, add: (chain: string, line: string) => void): void {
-  const { unit, proxyPort } = ctx;
-  const comment = unit.id;
-  if (p.kind === 'nodePort') {
-    for (const dest of ctx.nodePortDests) {
-      add(NODEPORT_CONTAINER, `${match(unit.protocol, comment, p.port, dest)} -j ${ctx.containerTarget}`);
-      add(NODEPORT_HOST, `${match(unit.protocol, comment, p.port, dest)} -j ${ctx.hostTarget}`);
-    }
-    if (ctx.nodePortDests.length > 0) {
-      add(NODEPORT_NON_LOCAL, `${match(unit.protocol, comment, proxyPort)} -m conntrack --ctstate NEW -m conntrack --ctstate DNAT -j ACCEPT`);
-    }
-    return;
-  }
-  if (ipFamily(p.ip) !== ctx.family) return;
-  // ClusterIPs, externalIPs and load-balancer IPs alike: from pods, from other hosts and from
-  // the node itself. (The legacy mode skipped bridged pod traffic to a non-local externalIP;
-  // today's kube-proxy serves it, and so do we.)
-  add(PORTALS_CONTAINER, `${match(unit.protocol, comment, p.port, hostPrefix(p.ip))} -j ${ctx.containerTarget}`);
-  add(PORTALS_HOST, `${match(unit.protocol, comment, p.port, hostPrefix(p.ip))} -j ${ctx.hostTarget}`);
-}
-
-/**
- * One iptables-restore `--noflush` transaction: declaring each of our chains empties it (or
- * creates it), so the rules below replace its contents whole; jumps are fixed in the same
- * transaction; no other chain is touched.
- */
-export function restorePayload(rendered: RenderedRules, jumps: JumpPlan): string {
-  const lines: string[] = [];
-  for (const table of ['nat', 'filter'] as const) {
-    lines.push(`*${table}`);
-    for (const chain of OWN_CHAINS[table]) lines.push(`:${chain} - [0:0]`);
-    lines.push(...jumps[table], ...rendered.rules[table], 'COMMIT');
-  }
-  return `${lines.join('\n')}\n`;
-}
-
 /** Whether a family has anything to program: a unit served in it, or a proxy port reachable in it. */
-export function familyInUse(family: IPFamily, targets: readonly PortalTarget[], bindAddress: string): boolean {
-  const hints = familyHints(targets.map((t) => t.unit));
-  return targets.some((t) => {
-    const families = unitFamilies(t.unit, hints);
-    return families.includes(family) || proxyPortHosts(bindAddress, families).some((h) => hostFamily(h) === family);
-  });
+export function familyInUse(family: IPFamily, targets: readonly PortalTarget[], bindAddress: string, known?: FamilyHints): boolean {
+  // What proxyPortHosts says, without making its list for every unit: the wildcards of the unit's
+  // families, or --bind-address.
+  if (!isWildcard(bindAddress) && hostFamily(bindAddress) === family) return targets.length > 0;
+  const hints = known ?? familyHints(targets.map((t) => t.unit));
+  // A family other than IPv4 (the default of a unit with no address of its own) is served by a
+  // unit only through the addresses of its service port, which the hints hold: no need to look at
+  // every unit, which a v4-only node would do for IPv6 at every sync.
+  if (family !== 4) return [...hints.values()].some((f) => f.includes(family));
+  return targets.some((t) => unitFamilies(t.unit, hints).includes(family));
 }

@@ -1,10 +1,13 @@
 import { hostPort, type IPFamily } from '../../core/address.js';
 import { parseConntrackList, staleFlows, type ConntrackTarget } from '../../core/rules/conntrack-entries.js';
 import { FamilyBook } from '../../core/rules/families.js';
-import { parseIptablesSave, planRemoval, planJumps, type JumpPlan } from '../../core/rules/iptables-save.js';
+import type { TableChains } from '../../core/rules/chains.js';
+import { chainsInDump, hasOurs, parseIptablesSave, planJumps, type JumpPlan, type SavedTables } from '../../core/rules/iptables-save.js';
 import { chooseHostIP } from '../../core/rules/node-address.js';
 import { previousProxyPorts } from '../../core/rules/previous-ports.js';
-import { familyInUse, isWildcard, nodePortHoldHosts, proxyPortHosts, renderIptablesRules, restorePayload } from '../../core/rules/render-iptables.js';
+import { familyInUse, isWildcard, nodePortHoldHosts, proxyPortHosts, renderIptablesRules } from '../../core/rules/render-iptables.js';
+import { planSync } from '../../core/rules/sync-plan.js';
+import { UnitRulesCache } from '../../core/rules/unit-rules.js';
 import { portalKey, type ProxyUnit } from '../../core/units.js';
 import { UsageError } from '../../core/errors.js';
 import type { Logger } from '../../seams/logger.js';
@@ -32,20 +35,30 @@ const NO_JUMPS: JumpPlan = { nat: [], filter: [] };
 
 /**
  * The legacy userspace layout: nat rules steer portal traffic into per-unit proxy ports (see
- * src/core/rules/render-iptables.ts for the rules and why). Each sync writes each family in use
- * as one iptables-restore transaction that replaces our chains whole. The jumps into our chains
- * are checked against an iptables-save dump at the first sync, on every periodic sync and after a
- * failure, and put back if someone flushed them.
+ * src/core/rules/render-iptables.ts for the rules and why, dispatch-tree.ts for how they are laid
+ * out). Each sync writes, per family in use, one iptables-restore transaction holding only the
+ * chains whose rules changed since the last one (sync-plan.ts): the portal remembers what it
+ * wrote. What the node really holds is read from an iptables-save dump at start-up, on every
+ * periodic sync and after a failure; then every chain that differs is written again, and jumps
+ * into our chains that someone removed, doubled or changed are put right.
  */
 export class IptablesPortal implements Portal {
   readonly mode = 'iptables' as const;
   private readonly log: Logger;
   private readonly iptables: IptablesRunner;
   private readonly bindInterface: BindInterface;
-  /** Families written at least once: kept in sync (emptied) even when no unit uses them any more. */
+  /** Families holding our chains (at start-up, or since written): kept in sync (emptied) even when no unit uses them any more. */
   private readonly installed = new Set<IPFamily>();
-  /** Families whose jumps to check against a dump at the next sync. */
-  private readonly unchecked = new Set<IPFamily>([4, 6]);
+  /**
+   * Per family, our chains as the node holds them: as the last successful transaction left them,
+   * or as the last dump showed them. No entry: not known (never read, or a transaction failed),
+   * so the next sync reads a dump first.
+   */
+  private readonly onNode = new Map<IPFamily, TableChains>();
+  /** Jump fixes planned from the start-up dump, for the first sync. */
+  private readonly jumpsDue = new Map<IPFamily, JumpPlan>();
+  /** Per family, the rules of each unit as last rendered, reused while the unit is unchanged. */
+  private readonly rendered = new Map<IPFamily, UnitRulesCache>([[4, new UnitRulesCache()], [6, new UnitRulesCache()]]);
   /** Families of each service port seen so far, for node-port-only units (see unitFamilies). */
   private readonly families = new FamilyBook();
   /** Unit id -> the proxy port its rules pointed at last (read from the rules a previous run left). */
@@ -70,31 +83,37 @@ export class IptablesPortal implements Portal {
     // Reading the table proves the commands are there and we may use them: fail at start, with
     // one line, rather than at every sync.
     try {
-      // Families that still hold our chains from an earlier run count as installed: the first
-      // sync must replace them even when no Service of that family exists any more.
-      const saved = parseIptablesSave(await this.iptables.save(4));
-      if (planRemoval(saved) !== '') this.installed.add(4);
-      previousProxyPorts(saved, this.lastPorts);
+      this.learnFromDump(4, parseIptablesSave(await this.iptables.save(4)));
     } catch (err) {
       const why = isMissingCommand(err) ? 'iptables-save is not installed (install the iptables package, or use --portal bind)' : `${(err as Error).message} (it needs root)`;
       throw new UsageError(`--portal iptables: ${why}`);
     }
     if (this.opts.nodeAddresses.ipv6Enabled()) {
       try {
-        const saved = parseIptablesSave(await this.iptables.save(6));
-        if (planRemoval(saved) !== '') this.installed.add(6);
-        previousProxyPorts(saved, this.lastPorts);
+        this.learnFromDump(6, parseIptablesSave(await this.iptables.save(6)));
       } catch (err) {
         this.log.warn({ err }, 'cannot read the IPv6 rules; IPv6 Services will report their own errors');
       }
     }
     if (this.lastPorts.size > 0) this.log.info({ units: this.lastPorts.size }, 'found the proxy ports of the previous run; binding them again where free');
-    // Our own chains stay until the first sync replaces them whole (and fixes the jumps), so a
+    // Our own chains stay until the first sync replaces what differs (and fixes the jumps), so a
     // restart leaves no moment without rules; only the bind mode's leftovers go now.
     const report = await removeLeftovers(this.iptables, this.bindInterface, this.opts.nodeAddresses.ipv6Enabled(), 'iptables');
     if (report.removed.length > 0) this.log.info({ removed: report.removed }, 'removed leftovers of an earlier run');
-    // Not fatal: the first sync replaces our chains whole and fixes the jumps anyway.
+    // Not fatal: the first sync replaces our chains and fixes the jumps anyway.
     for (const err of report.failures) this.log.error({ err }, 'cannot remove leftovers of an earlier run');
+  }
+
+  /**
+   * What a start-up dump says: whether the family holds our chains from an earlier run (the first
+   * sync must then replace them even when no Service of that family exists any more), what they
+   * hold, the jumps to put right, and the proxy ports the previous run used.
+   */
+  private learnFromDump(family: IPFamily, saved: SavedTables): void {
+    if (hasOurs(saved)) this.installed.add(family);
+    this.onNode.set(family, chainsInDump(saved));
+    this.jumpsDue.set(family, planJumps(saved));
+    previousProxyPorts(saved, this.lastPorts);
   }
 
   listenSpecs(unit: ProxyUnit): ListenSpec[] {
@@ -120,7 +139,7 @@ export class IptablesPortal implements Portal {
     const errors: string[] = [];
     const programmed: IPFamily[] = [];
     for (const family of [4, 6] as const) {
-      if (!this.installed.has(family) && !familyInUse(family, units, this.opts.bindAddress)) continue;
+      if (!this.installed.has(family) && !familyInUse(family, units, this.opts.bindAddress, this.families.known)) continue;
       const result = await this.syncFamily(family, units, periodic);
       errors.push(...result.errors);
       if (result.programmed) programmed.push(family);
@@ -134,6 +153,8 @@ export class IptablesPortal implements Portal {
   async cleanup(): Promise<void> {
     const report = await removeLeftovers(this.iptables, this.bindInterface, this.opts.nodeAddresses.ipv6Enabled());
     this.installed.clear();
+    this.onNode.clear();
+    this.jumpsDue.clear();
     if (report.removed.length > 0) this.log.info({ removed: report.removed }, 'removed portal rules');
     if (report.failures.length > 0) throw cleanupError(report.failures);
   }
@@ -145,20 +166,29 @@ export class IptablesPortal implements Portal {
       bindAddress: this.opts.bindAddress,
       hostIP: isWildcard(this.opts.bindAddress) ? this.hostIP(family) : this.opts.bindAddress,
       nodePortCIDRs: this.opts.nodePortAddresses,
-    });
+      hints: this.families.known,
+    }, this.rendered.get(family));
     try {
-      const check = periodic || this.unchecked.has(family);
-      const jumps = check ? planJumps(parseIptablesSave(await this.iptables.save(family))) : NO_JUMPS;
-      const fixes = jumps.nat.length + jumps.filter.length;
-      if (check && fixes > 0 && this.installed.has(family)) {
-        this.log.warn({ family: `IPv${family}`, fixes: [...jumps.nat, ...jumps.filter] }, 'jumps into our chains were missing or doubled (flushed by someone?); putting them back');
+      let current = this.onNode.get(family);
+      let jumps = this.jumpsDue.get(family) ?? NO_JUMPS;
+      if (periodic || current === undefined) {
+        const saved = parseIptablesSave(await this.iptables.save(family));
+        current = chainsInDump(saved);
+        jumps = planJumps(saved);
       }
-      await this.iptables.restore(family, restorePayload(rendered, jumps));
+      const fixes = jumps.nat.length + jumps.filter.length;
+      if (fixes > 0 && this.installed.has(family)) {
+        this.log.warn({ family: `IPv${family}`, fixes: [...jumps.nat, ...jumps.filter] }, 'jumps into our chains were missing, doubled or not as we write them (flushed by someone, or an earlier version\'s); putting them right');
+      }
+      const payload = planSync(rendered.chains, current, jumps);
+      if (payload !== '') await this.iptables.restore(family, payload);
+      this.onNode.set(family, rendered.chains);
+      this.jumpsDue.delete(family);
       this.installed.add(family);
-      if (check) this.unchecked.delete(family);
     } catch (err) {
-      // Next sync starts from a fresh dump: whatever changed under us is seen then.
-      this.unchecked.add(family);
+      // What the node holds is not known now: the next sync starts from a fresh dump.
+      this.onNode.delete(family);
+      this.jumpsDue.delete(family);
       const why = err instanceof Error ? firstLine(err.message) : String(err);
       return { errors: [...rendered.errors, `IPv${family} portal rules not installed (kept as they were; retried next sync): ${why}`], programmed: false };
     }

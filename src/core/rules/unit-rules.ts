@@ -1,0 +1,155 @@
+import { hostPort, ipFamily, ipToBigInt, type IPFamily } from '../address.js';
+import type { PortalAddress, Protocol } from '../model.js';
+import { portalKey, type ProxyUnit } from '../units.js';
+import type { AddressEntry, PortEntry } from './dispatch-tree.js';
+
+/**
+ * The rules one unit adds to the chains of one family (see render-iptables.ts for what they do
+ * and why), and a cache of them across syncs. Pure.
+ */
+
+/** What is the same for every unit of one render. */
+export interface UnitRulesContext {
+  family: IPFamily;
+  /** `--bind-address`; a wildcard means REDIRECT. */
+  bindAddress: string;
+  wildcard: boolean;
+  /** The family `--bind-address` is reached in. */
+  bindFamily: IPFamily;
+  hostIP: string;
+  /** `[undefined]`: node ports on every local address; else one `-d` per CIDR (none: no node ports). */
+  nodePortDests: ReadonlyArray<string | undefined>;
+}
+
+export interface UnitRules {
+  portalsContainer: AddressEntry[];
+  portalsHost: AddressEntry[];
+  nodePortsContainer: PortEntry[];
+  nodePortsHost: PortEntry[];
+  /** Ports (of the unit's protocol) to refuse unless DNATed: its proxy port, its held node ports. */
+  guarded: number[];
+  /** Whether node-port traffic is redirected to the proxy port (KUBE-NODEPORT-NON-LOCAL lets it in). */
+  nodePortTarget: boolean;
+  /** Why the unit's portals cannot be programmed in this family. */
+  error?: string;
+}
+
+function quote(text: string): string {
+  return /["\\]/.test(text) ? `"${text.replace(/["\\]/g, (c) => `\\${c}`)}"` : `"${text}"`;
+}
+
+function lastByte(ip: string, family: IPFamily): number {
+  if (family === 4) return Number(ip.slice(ip.lastIndexOf('.') + 1));
+  return Number((ipToBigInt(ip)?.value ?? 0n) & 0xffn);
+}
+
+export function unitRules(ctx: UnitRulesContext, unit: ProxyUnit, proxyPort: number, families: readonly IPFamily[]): UnitRules {
+  const out: UnitRules = { portalsContainer: [], portalsHost: [], nodePortsContainer: [], nodePortsHost: [], guarded: [], nodePortTarget: false };
+  const inFamily = families.includes(ctx.family);
+  // The proxy port is reachable in this family: on the wildcard of each of the unit's families,
+  // or on --bind-address alone (see proxyPortHosts).
+  if (ctx.wildcard ? inFamily : ctx.bindFamily === ctx.family) out.guarded.push(proxyPort);
+  if (!inFamily) return out;
+  for (const p of unit.portals) if (p.kind === 'nodePort') out.guarded.push(p.port);
+  let containerTarget: string;
+  if (ctx.wildcard) {
+    containerTarget = `REDIRECT --to-ports ${proxyPort}`;
+  } else if (ipFamily(ctx.bindAddress) !== ctx.family) {
+    out.error = `${unit.id}: cannot program its IPv${ctx.family} portals: proxy ports listen on --bind-address ${ctx.bindAddress} only`;
+    return out;
+  } else {
+    containerTarget = `DNAT --to-destination ${hostPort({ host: ctx.bindAddress, port: proxyPort })}`;
+  }
+  // The node's own traffic takes the arriving traffic's rules (the host chains jump there) where
+  // the target would be the same or, for TCP, works as well: see hostSharesContainer.
+  const hostTarget = hostSharesContainer(ctx, unit.protocol) ? undefined : `DNAT --to-destination ${hostPort({ host: ctx.hostIP, port: proxyPort })}`;
+  const p = unit.protocol.toLowerCase();
+  const matchPrefix = `-p ${p} -m comment --comment ${quote(unit.id)} -m ${p} --dport`;
+  for (const portal of unit.portals) portalRules(ctx, unit, portal, matchPrefix, containerTarget, hostTarget, out);
+  return out;
+}
+
+/**
+ * Whether the node's own traffic of `protocol` goes through the rules of arriving traffic: with
+ * `--bind-address` both DNAT to it, and TCP is answered from the address it was sent to, so
+ * REDIRECT (to 127.0.0.1 or ::1 in OUTPUT) serves it too (see render-iptables.ts).
+ */
+export function hostSharesContainer(ctx: Pick<UnitRulesContext, 'wildcard'>, protocol: Protocol): boolean {
+  return !ctx.wildcard || protocol === 'TCP';
+}
+
+function portalRules(ctx: UnitRulesContext, unit: ProxyUnit, portal: PortalAddress, matchPrefix: string, containerTarget: string, hostTarget: string | undefined, out: UnitRules): void {
+  if (portal.kind === 'nodePort') {
+    const protocol = unit.protocol;
+    for (const dest of ctx.nodePortDests) {
+      const match = `${dest ? `-d ${dest} ` : ''}${matchPrefix} ${portal.port}`;
+      out.nodePortsContainer.push({ protocol, port: portal.port, spec: `${match} -j ${containerTarget}` });
+      if (hostTarget !== undefined) out.nodePortsHost.push({ protocol, port: portal.port, spec: `${match} -j ${hostTarget}` });
+    }
+    if (ctx.nodePortDests.length > 0) out.nodePortTarget = true;
+    return;
+  }
+  const family = ipFamily(portal.ip);
+  if (family !== ctx.family) return;
+  // ClusterIPs, externalIPs and load-balancer IPs alike: from pods, from other hosts and from
+  // the node itself. (The legacy mode skipped bridged pod traffic to a non-local externalIP;
+  // today's kube-proxy serves it, and so do we.)
+  const match = `-d ${portal.ip}/${family === 4 ? 32 : 128} ${matchPrefix} ${portal.port}`;
+  const byte = lastByte(portal.ip, family);
+  out.portalsContainer.push({ lastByte: byte, spec: `${match} -j ${containerTarget}` });
+  if (hostTarget !== undefined) out.portalsHost.push({ lastByte: byte, spec: `${match} -j ${hostTarget}` });
+}
+
+interface CacheEntry {
+  unit: ProxyUnit;
+  proxyPort: number;
+  families: readonly IPFamily[];
+  rules: UnitRules;
+  generation: number;
+}
+
+/**
+ * The rules of each unit as rendered at an earlier sync, reused while the unit, its proxy port and
+ * its families stay the same. Besides the rendering, this saves the comparison that follows it:
+ * a reused rule is the very same string, which compares equal at once, where an equal but new one
+ * is compared character by character (at 10,000 Services, most of a sync's time). Units not seen
+ * in a render are forgotten at its end; a change of context (family, addresses) empties it.
+ */
+export class UnitRulesCache {
+  private context = '';
+  private generation = 0;
+  private readonly entries = new Map<string, CacheEntry>();
+
+  begin(ctx: UnitRulesContext): void {
+    const key = `${ctx.family}|${ctx.bindAddress}|${ctx.hostIP}|${ctx.nodePortDests.join(',')}`;
+    if (key !== this.context) this.entries.clear();
+    this.context = key;
+    this.generation++;
+  }
+
+  rulesOf(ctx: UnitRulesContext, unit: ProxyUnit, proxyPort: number, families: readonly IPFamily[]): UnitRules {
+    const entry = this.entries.get(unit.id);
+    if (entry && entry.proxyPort === proxyPort && sameFamilies(entry.families, families) && (entry.unit === unit || sameShape(entry.unit, unit))) {
+      entry.unit = unit;
+      entry.generation = this.generation;
+      return entry.rules;
+    }
+    const rules = unitRules(ctx, unit, proxyPort, families);
+    this.entries.set(unit.id, { unit, proxyPort, families, rules, generation: this.generation });
+    return rules;
+  }
+
+  /** Forgets the units the render that just ended did not ask for. */
+  end(): void {
+    for (const [id, e] of this.entries) if (e.generation !== this.generation) this.entries.delete(id);
+  }
+}
+
+function sameFamilies(a: readonly IPFamily[], b: readonly IPFamily[]): boolean {
+  return a === b || (a.length === b.length && a.every((f, i) => f === b[i]));
+}
+
+/** Whether two units of one id have the same rules, given the same proxy port and families. */
+function sameShape(a: ProxyUnit, b: ProxyUnit): boolean {
+  return a.protocol === b.protocol && a.portals.length === b.portals.length && a.portals.every((p, i) => portalKey(p) === portalKey(b.portals[i] as PortalAddress));
+}
