@@ -23,7 +23,7 @@ function summary(portalErrors = 0): SyncSummary {
 }
 
 function syncEvent(portalErrors = 0): SyncEvent {
-  return { summary: summary(portalErrors), periodic: false, first: false, startedAt: 0, finishedAt: 1, serviceHealth: [], noLocalEndpoints: { internal: 0, external: 0 }, listeners: 0, listenersFailed: 0 };
+  return { summary: summary(portalErrors), periodic: false, first: false, complete: true, startedAt: 0, finishedAt: 1, serviceHealth: [], noLocalEndpoints: { internal: 0, external: 0 }, listeners: 0, listenersFailed: 0 };
 }
 
 describe('health transitions', () => {

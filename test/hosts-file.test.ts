@@ -69,6 +69,19 @@ describe('HostsFile', () => {
     expect(await readFile(file, 'utf8')).toBe(ORIGINAL);
   });
 
+  it('keeps bytes that are not UTF-8 outside the block as they are (a Latin-1 comment)', async () => {
+    const file = join(dir, 'hosts-latin1');
+    const original = Buffer.concat([Buffer.from('127.0.0.1 localhost # caf'), Buffer.from([0xe9]), Buffer.from('\n')]);
+    await writeFile(file, original);
+    const hosts = new HostsFile({ path: file, logger: silentLogger() });
+    await hosts.check();
+    hosts.set(L1);
+    await hosts.flush();
+    expect((await readFile(file)).subarray(0, original.length).equals(original)).toBe(true);
+    await hosts.remove();
+    expect((await readFile(file)).equals(original)).toBe(true);
+  });
+
   it('keeps lines a user added around the block meanwhile', async () => {
     const file = join(dir, 'hosts');
     await writeFile(file, '127.0.0.1 localhost\n');

@@ -365,7 +365,7 @@ describe('no-local-endpoints', () => {
     const events = { onSync: (l: (e: SyncEvent) => void) => syncs.subscribe(l), onChange: () => () => {} };
     const m = attachMetrics(new HttpServer(silentLogger()), { events, stats: () => [] }, { processMetrics: false });
     const summary: SyncSummary = { services: 1, units: 1, opened: 0, closed: 0, recreated: 0, updated: 1, listenErrors: 0, portalErrors: 0, durationMs: 1 };
-    const sync = (): SyncEvent => ({ summary, periodic: false, first: false, startedAt: 0, finishedAt: 1, serviceHealth: [], noLocalEndpoints: counts, listeners: 0, listenersFailed: 0 });
+    const sync = (): SyncEvent => ({ summary, periodic: false, first: false, complete: true, startedAt: 0, finishedAt: 1, serviceHealth: [], noLocalEndpoints: counts, listeners: 0, listenersFailed: 0 });
     syncs.publish(sync());
     // The proxier counted the change at its next sync; no change event came between the two syncs.
     counts = { internal: 1, external: 2 };

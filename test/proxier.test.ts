@@ -354,7 +354,10 @@ describe('changes that alter nothing', () => {
     const synced = (): number => records.filter((r) => r.msg === 'synced proxy rules').length;
     expect(synced()).toBe(1);
     await proxier.syncNow(true);
-    await proxier.syncNow(true);
+    // The config resync re-plans every Service from memory: nothing differs, nothing is updated.
+    proxier.resync();
+    const summary = await proxier.syncNow(true);
+    expect(summary.updated).toBe(0);
     expect(synced()).toBe(1);
     await proxier.shutdown(0);
   });
@@ -398,6 +401,64 @@ describe('the fast lane', () => {
     const summary = await proxier.syncNow();
     expect(summary.recreated).toBe(1);
     expect(proxier.status()[0]?.endpoints).toEqual(['10.0.0.4:8080']);
+    await proxier.shutdown(0);
+  });
+});
+
+describe('what a sync leaves undone', () => {
+  function loop(portal: RecordingPortal, minSyncPeriodMs = 3_600_000) {
+    return makeProxier({
+      portal,
+      logger: silentLogger(),
+      balancerFactory: roundRobinFactory,
+      socketFactory: () => fakeSocket(),
+      portAllocator: new PortAllocator(undefined, () => 0.5),
+      clock: { now: () => performance.now() },
+      random: () => 0.5,
+      node: { name: 'node-a' },
+      minSyncPeriodMs,
+      syncPeriodMs: 3_600_000,
+      sweepIntervalMs: 1000,
+      bindAddress: '0.0.0.0',
+    }, { syncRetryMs: 20 }).proxier;
+  }
+
+  it('a fast-lane run that hands a Service to the runner is not complete (health does not count it as an update)', async () => {
+    const proxier = loop(new RecordingPortal());
+    proxier.sink.upsertService(web('1'));
+    proxier.sink.upsertEndpointSlice(slice(['10.0.0.1'], '1'));
+    await proxier.setSynced();
+    const events: Array<{ complete: boolean; updated: number }> = [];
+    proxier.onSync((e) => events.push({ complete: e.complete, updated: e.summary.updated }));
+    // One burst: an endpoint move (fast lane) and a new Service (needs a socket: the runner's).
+    proxier.sink.upsertEndpointSlice(slice(['10.0.0.2'], '2'));
+    proxier.sink.upsertService(service({ name: 'api', clusterIP: '10.96.0.11', ports: [{ name: 'http', port: 80 }] }));
+    await waitUntil(() => events.length > 0, 'the fast lane');
+    expect(events[0]).toEqual({ complete: false, updated: 1 });
+    await proxier.syncNow();
+    expect(events.at(-1)?.complete).toBe(true);
+    await proxier.shutdown(0);
+  });
+
+  it('a portal sync that throws after sockets opened is programmed again by the retry', async () => {
+    class ThrowsWhenTold extends RecordingPortal {
+      throws = 0;
+      override async sync(units: readonly RunningUnitView[], periodic: boolean): Promise<PortalSyncResult> {
+        if (this.throws-- > 0) throw new Error('bug in the portal');
+        return super.sync(units, periodic);
+      }
+    }
+    const portal = new ThrowsWhenTold();
+    const proxier = loop(portal, 20); // retries keep the minimum sync period, as upstream's RetryAfter
+    proxier.sink.upsertService(web('1'));
+    await proxier.setSynced();
+    expect(portal.syncs).toHaveLength(1);
+    // A later sync opens a socket and its portal sync throws once.
+    portal.throws = 1;
+    proxier.sink.upsertService(service({ name: 'api', clusterIP: '10.96.0.11', ports: [{ name: 'http', port: 80 }] }));
+    // The retry finds nothing new to open (the unit runs) but must still program the portal.
+    await waitUntil(() => portal.syncs.length === 2, 'the retried portal sync');
+    expect(portal.syncs[1]?.units).toEqual(['default/web:http@40000', 'default/api:http@40000']);
     await proxier.shutdown(0);
   });
 });

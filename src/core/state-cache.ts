@@ -132,6 +132,11 @@ export class StateCache {
     return taken;
   }
 
+  /** Whether any Service waits for a sync. */
+  hasDirty(): boolean {
+    return this.dirty.size > 0;
+  }
+
   /** Marks these Service keys dirty again (a sync that could not apply them hands them back). */
   markDirty(keys: Iterable<string>): void {
     for (const key of keys) this.dirty.add(key);

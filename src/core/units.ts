@@ -1,3 +1,4 @@
+import { isDeepStrictEqual } from 'node:util';
 import { namespacedName } from './object-key.js';
 import type { AffinityPolicy, Endpoint, PortalAddress, Protocol, ServicePort } from './model.js';
 
@@ -69,6 +70,7 @@ export function needsRecreate(a: ProxyUnit, b: ProxyUnit): boolean {
 }
 
 export interface UnitDiff {
+  /** `update` holds only units that differ in something but their sockets. */
   open: ProxyUnit[];
   close: ProxyUnit[];
   recreate: Array<{ from: ProxyUnit; to: ProxyUnit }>;
@@ -83,7 +85,9 @@ export function diffUnits(running: readonly ProxyUnit[], desired: readonly Proxy
     const from = byId.get(to.id);
     if (!from) diff.open.push(to);
     else if (needsRecreate(from, to)) diff.recreate.push({ from, to });
-    else diff.update.push({ from, to });
+    // Unchanged units are left out: a resync re-plans every Service and must not update (and log)
+    // every unit. Any field may carry a change (endpoints, affinity, what annotations add).
+    else if (!isDeepStrictEqual(from, to)) diff.update.push({ from, to });
     byId.delete(to.id);
   }
   diff.close.push(...byId.values());

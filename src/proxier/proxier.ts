@@ -59,6 +59,8 @@ export class Proxier implements ProxierEvents {
   private unitCount = 0;
   private readonly totals = new PlanTotals();
   private readonly noticed = new Set<string>();
+  /** Services whose plan threw, with the message last logged for each. */
+  private readonly broken = new Map<string, string>();
   private readonly changes: Topic<ChangeEvent>;
   private readonly syncs: Topic<SyncEvent>;
   private readonly retry: Backoff;
@@ -278,9 +280,18 @@ export class Proxier implements ProxierEvents {
     const batch: UnitBatch = { close: [], recreate: [], open: [], update: [] };
     const planned = new Map<string, ProxyUnit[]>();
     const deferred: string[] = [];
+    let unplanned = 0;
     for (const key of dirty) {
+      // A Service whose plan failed waits for the full lane, which retries it with backoff.
+      if (lane === 'endpoints' && this.broken.has(key)) {
+        deferred.push(key);
+        continue;
+      }
       const desired = this.plan(key);
-      if (desired === undefined) continue;
+      if (desired === undefined) {
+        unplanned++;
+        continue;
+      }
       const diff = diffUnits(this.unitsByService.get(key) ?? [], desired);
       if (lane === 'endpoints' && diff.close.length + diff.open.length + diff.recreate.length > 0) {
         deferred.push(key);
@@ -313,6 +324,9 @@ export class Proxier implements ProxierEvents {
       this.cache.markDirty(dirty);
       return;
     }
+    // Whatever opens, closes or recreates a socket changes what the portal must program: note it
+    // before anything can throw, so that a retry programs the portal even if this run does not.
+    if (batch.open.length + batch.close.length + batch.recreate.length > 0) this.portalNeedsSync = true;
     const applied = await this.units.apply(batch);
     for (const [key, desired] of planned) this.record(key, desired);
     summary.listenErrors = applied.listenErrors;
@@ -338,10 +352,14 @@ export class Proxier implements ProxierEvents {
     else if (this.log.isLevelEnabled('debug')) this.log.debug({ ...summary, periodic, lane }, 'synced proxy rules');
     const first = this.syncCount === 0;
     this.syncCount++;
+    // Changes that arrived during the run do not make it incomplete (kube-proxy's Updated() clears
+    // the pending mark too): under steady churn health must not turn 503 while every sync works.
+    const complete = deferred.length === 0 && unplanned === 0 && !this.portalNeedsSync;
     this.syncs.publish({
       summary,
       periodic,
       first,
+      complete,
       startedAt: started,
       finishedAt: finished,
       serviceHealth: this.totals.serviceHealth(),
@@ -361,18 +379,27 @@ export class Proxier implements ProxierEvents {
   /** The units a Service wants now, or undefined when planning it failed (a bug: logged, retried later). */
   private plan(key: string): ProxyUnit[] | undefined {
     try {
-      const plan = planService(key, this.cache.service(key), this.cache.slicesFor(key), this.opts.node);
-      if (plan.skipped !== undefined) this.noticeOnce(`${key}|skip|${plan.skipped}`, { service: key }, `skipping Service ${key}: ${plan.skipped}`);
-      for (const n of plan.notices) this.noticeOnce(`${key}|${n}`, { service: key }, `Service ${key}: ${n}`);
-      this.totals.set(key, this.cache.service(key) === undefined ? undefined : plan);
-      return plan.units;
+      const units = this.planOrThrow(key);
+      this.broken.delete(key);
+      return units;
     } catch (err) {
       // One Service's bug must not cost the others their changes: it keeps what runs for it and
-      // is tried again at the next sync.
-      this.log.error({ err, service: key }, 'planning the Service failed; keeping what runs for it');
+      // is tried again by the runner, with backoff. Said once per Service and message.
+      const message = err instanceof Error ? err.message : String(err);
+      if (this.broken.get(key) !== message) this.log.error({ err, service: key }, 'planning the Service failed; keeping what runs for it');
+      this.broken.set(key, message);
       this.cache.markDirty([key]);
+      this.runner.retryAfter(this.retry.next());
       return undefined;
     }
+  }
+
+  private planOrThrow(key: string): ProxyUnit[] {
+    const plan = planService(key, this.cache.service(key), this.cache.slicesFor(key), this.opts.node);
+    if (plan.skipped !== undefined) this.noticeOnce(`${key}|skip|${plan.skipped}`, { service: key }, `skipping Service ${key}: ${plan.skipped}`);
+    for (const n of plan.notices) this.noticeOnce(`${key}|${n}`, { service: key }, `Service ${key}: ${n}`);
+    this.totals.set(key, this.cache.service(key) === undefined ? undefined : plan);
+    return plan.units;
   }
 
   private record(key: string, desired: ProxyUnit[]): void {

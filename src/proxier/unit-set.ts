@@ -360,6 +360,8 @@ export class LocalUnitSet implements UnitSet, AffinityShare {
       ru.socket.sweep(now);
       if (affinity && ru.unit.affinity.type === 'ClientIP') ru.balancer.cleanupStaleStickySessions();
     }
+    // Closed units' connections run on until they end: --tcp-idle-timeout applies to them too.
+    for (const socket of this.retired) socket.sweep(now);
   }
 }
 

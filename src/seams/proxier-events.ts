@@ -50,6 +50,12 @@ export interface SyncEvent {
   periodic: boolean;
   /** The first sync since start. */
   first: boolean;
+  /**
+   * Every change queued before it is applied now, portal included: nothing is left for a later sync.
+   * A fast-lane run that handed Services back to the runner, or one that ran while the portal still
+   * needs programming after a failure, is not complete. Health counts only complete syncs as updates.
+   */
+  complete: boolean;
   /** When it started and finished, on the loop's clock (monotonic milliseconds). */
   startedAt: number;
   finishedAt: number;

@@ -6,14 +6,15 @@ import type { ProxierEvents } from '../../seams/proxier-events.js';
 import { HttpServer } from './http-server.js';
 
 /**
- * Feeds `health` from the sync loop's events: a sync without portal errors is an update (a failed
- * portal sync is kube-proxy's failed iptables-restore: the update stays pending), and a change
+ * Feeds `health` from the sync loop's events: a complete sync without portal errors is an update
+ * (a failed portal sync is kube-proxy's failed iptables-restore, and a fast-lane run that left
+ * Services to the runner applied only part: the update stays pending), and a change
  * that altered something queues one once the first sync has run (kube-proxy queues nothing before
  * it is initialized: a slow first list does not fail liveness). Returns the unsubscribe function.
  */
 export function followProxier(health: ProxierHealth, events: ProxierEvents): () => void {
   const offSync = events.onSync((e) => {
-    if (e.summary.portalErrors === 0) health.updated();
+    if (e.complete && e.summary.portalErrors === 0) health.updated();
   });
   const offChange = events.onChange((e) => {
     if (e.changed > 0 && e.initialized) health.queuedUpdate();

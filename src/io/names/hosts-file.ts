@@ -56,7 +56,7 @@ export class HostsFile {
     const target = await this.resolveTarget();
     let text: string | undefined;
     try {
-      text = await readFile(target, 'utf8');
+      text = await readFile(target, 'latin1');
     } catch (err) {
       if (errnoCode(err) !== 'ENOENT') throw this.cannot('read', err);
     }
@@ -130,7 +130,7 @@ export class HostsFile {
     const target = await this.resolveTarget();
     let text = '';
     try {
-      text = await readFile(target, 'utf8');
+      text = await readFile(target, 'latin1');
     } catch (err) {
       if (errnoCode(err) !== 'ENOENT') throw err;
       if (lines === undefined) return false;
@@ -169,7 +169,7 @@ export async function removeHostsBlock(path: string): Promise<boolean> {
   let text: string;
   try {
     target = await realpath(path);
-    text = await readFile(target, 'utf8');
+    text = await readFile(target, 'latin1');
   } catch (err) {
     if (errnoCode(err) === 'ENOENT') return false;
     throw new ProxyError('PORTAL', `--hosts-file ${path}: cannot read it: ${errnoCode(err) ?? String(err)}`, { cause: err });
@@ -195,7 +195,7 @@ async function replaceFile(target: string, text: string, rename: (from: string, 
   });
   const tmp = join(dirname(target), `.${basename(target)}.kube-userspace-proxy-${process.pid}.tmp`);
   try {
-    await writeFile(tmp, text, { mode: 0o600 });
+    await writeFile(tmp, text, { mode: 0o600, encoding: 'latin1' });
     try {
       await chmod(tmp, st ? st.mode & 0o7777 : 0o644);
       if (st && process.getuid?.() === 0) await chown(tmp, st.uid, st.gid);
@@ -217,7 +217,7 @@ async function replaceFile(target: string, text: string, rename: (from: string, 
 async function writeInPlace(target: string, text: string): Promise<void> {
   const fh = await open(target, 'r+');
   try {
-    const data = Buffer.from(text, 'utf8');
+    const data = Buffer.from(text, 'latin1');
     await fh.write(data, 0, data.length, 0);
     await fh.truncate(data.length);
   } finally {
