@@ -1,35 +1,63 @@
-import type { AffinityPolicy, AffinityType, Endpoint } from '../model.js';
+import type { AffinityPolicy, AffinityType, BalancerAlgorithm, Endpoint } from '../model.js';
 import { DEFAULT_AFFINITY_TIMEOUT_SECONDS } from '../model.js';
 import type { Clock, RandomSource } from '../clock.js';
-import type { BalancerDeps, BalancerFactory, LoadBalancer } from './load-balancer.js';
+import type { BalancerDeps, BalancerFactory, EndpointLoad, LoadBalancer } from './load-balancer.js';
+import { DEFAULT_OUTLIER_POLICY, freshOutlierState, maxEjected, nextEjectionMs, type OutlierPolicy, type OutlierState } from './outlier.js';
+
+/** One endpoint and what the balancer keeps for it. */
+interface Slot extends OutlierState {
+  endpoint: Endpoint;
+  /** Handed out and not yet released. */
+  active: number;
+  /** In the current set; a slot that left stays (unlisted) while it has connections to count. */
+  listed: boolean;
+}
 
 /** One client's sticky choice (upstream affinityState). */
 interface StickyEntry {
-  endpoint: Endpoint;
+  slot: Slot;
   /** clock.now() of the last connection that used the entry: the timeout slides from here. */
   lastUsed: number;
 }
 
 /**
- * Round-robin over a shuffled endpoint list, with optional client-IP affinity
- * (upstream pkg/proxy/userspace/roundrobin.go). One instance per proxied service port.
+ * The balancer of one proxied service port (upstream pkg/proxy/userspace/roundrobin.go, grown):
+ * round-robin over a shuffled endpoint list, or least-connections with ties taken round-robin,
+ * client-IP affinity on top, and passive health (outlier.ts) setting failing endpoints aside.
+ * One class rather than one per algorithm, so that a Service switching algorithm keeps its
+ * connection counts and its endpoints' health.
  *
  * Affinity policy and endpoints are independent fields, so the Service and its slices may arrive in
  * either order without one resetting the other (upstream re-created a default TTL when endpoints
  * came first).
+ *
+ * Per pick, without affinity and with nothing set aside: an index step and a counter increment,
+ * no clock read, no allocation.
  */
 export class RoundRobinBalancer implements LoadBalancer {
   private readonly clock: Clock;
   private readonly random: RandomSource;
+  private readonly outlier: OutlierPolicy;
   private list: readonly Endpoint[] = [];
+  /** Parallel to `list`. */
+  private slots: Slot[] = [];
+  /** Listed slots, and unlisted ones with connections, by addr: what release and reports find. */
+  private readonly byAddr = new Map<string, Slot>();
   private index = 0;
+  private algorithm: BalancerAlgorithm = 'round-robin';
   private affinityType: AffinityType = 'None';
   private timeoutMs = DEFAULT_AFFINITY_TIMEOUT_SECONDS * 1000;
   private readonly sticky = new Map<string, StickyEntry>();
+  /** Listed slots set aside now, and the earliest time one of them is due back. */
+  private ejected = 0;
+  private nextReturn = Infinity;
+  /** Listed slots with failures in a row: while 0, a success report looks nothing up. */
+  private failing = 0;
 
   constructor(deps: BalancerDeps) {
     this.clock = deps.clock;
     this.random = deps.random;
+    this.outlier = deps.outlier ?? DEFAULT_OUTLIER_POLICY;
   }
 
   /** A snapshot: a changed set replaces the array, so callers may hold on to it. */
@@ -47,6 +75,7 @@ export class RoundRobinBalancer implements LoadBalancer {
     // A fresh shuffle per change keeps many proxies from all starting on the same endpoint.
     this.list = shuffle([...byAddr.values()], this.random);
     this.index = 0;
+    this.relist(byAddr);
     this.dropStickyNotIn(byAddr);
   }
 
@@ -62,11 +91,17 @@ export class RoundRobinBalancer implements LoadBalancer {
     this.timeoutMs = seconds * 1000;
   }
 
+  setAlgorithm(algorithm: BalancerAlgorithm): void {
+    this.algorithm = algorithm;
+  }
+
   nextEndpoint(clientIP: string, sessionAffinityReset: boolean): Endpoint | undefined {
-    if (this.list.length === 0) return undefined;
+    if (this.slots.length === 0) return undefined;
+    if (this.ejected > 0) this.returnDue();
     // Runs per connection: the None path must stay free of allocation.
-    if (this.affinityType === 'None') return this.advance();
-    return this.nextSticky(clientIP, sessionAffinityReset);
+    const slot = this.affinityType === 'None' ? this.pick() : this.pickSticky(clientIP, sessionAffinityReset);
+    slot.active++;
+    return slot.endpoint;
   }
 
   cleanupStaleStickySessions(): void {
@@ -77,44 +112,171 @@ export class RoundRobinBalancer implements LoadBalancer {
     }
   }
 
-  release(_endpoint: Endpoint): void {
-    // Round-robin keeps no per-endpoint load; the seam exists for least-connections.
+  release(endpoint: Endpoint): void {
+    const slot = this.byAddr.get(endpoint.addr);
+    if (slot === undefined || slot.active === 0) return;
+    slot.active--;
+    if (slot.active === 0 && !slot.listed) this.byAddr.delete(endpoint.addr);
   }
 
-  private advance(): Endpoint {
-    const ep = this.list[this.index] as Endpoint; // precondition: list is not empty
-    this.index = (this.index + 1) % this.list.length;
-    return ep;
+  reportDial(endpoint: Endpoint, ok: boolean): boolean {
+    if (ok) {
+      if (this.failing === 0) return false;
+      const slot = this.byAddr.get(endpoint.addr);
+      if (slot !== undefined && slot.consecutiveFailures > 0) this.clearFailures(slot);
+      return false;
+    }
+    const policy = this.outlier;
+    if (policy.consecutiveFailures <= 0) return false;
+    const slot = this.byAddr.get(endpoint.addr);
+    // Dials that were in flight when it was set aside change nothing.
+    if (slot === undefined || !slot.listed || slot.ejectedUntil !== 0) return false;
+    if (slot.consecutiveFailures++ === 0) this.failing++;
+    // Past the share, it stays failing: the next failure tries again, once another is back.
+    if (slot.consecutiveFailures < policy.consecutiveFailures || this.ejected >= maxEjected(policy, this.slots.length)) return false;
+    const now = this.clock.now();
+    const next = nextEjectionMs(policy, slot, now);
+    slot.ejections = next.ejections;
+    slot.ejectedUntil = now + next.ms;
+    this.ejected++;
+    this.nextReturn = Math.min(this.nextReturn, slot.ejectedUntil);
+    this.clearFailures(slot);
+    return true;
   }
 
-  private nextSticky(clientIP: string, reset: boolean): Endpoint {
+  load(): EndpointLoad[] {
+    const now = this.ejected > 0 ? this.clock.now() : 0;
+    return this.slots.map((s) => ({ addr: s.endpoint.addr, active: s.active, setAsideMs: s.ejectedUntil > now ? s.ejectedUntil - now : 0 }));
+  }
+
+  /** A fresh endpoint for a connection: precondition, the list is not empty. */
+  private pick(): Slot {
+    // Every endpoint set aside: all are used, no Service is emptied by passive health.
+    const all = this.ejected === 0 || this.ejected >= this.slots.length;
+    return this.algorithm === 'least-connections' ? this.leastConnections(all) : this.roundRobin(all);
+  }
+
+  private roundRobin(all: boolean): Slot {
+    const n = this.slots.length;
+    for (let k = 0; k < n; k++) {
+      const slot = this.slots[this.index] as Slot;
+      this.index = this.index + 1 === n ? 0 : this.index + 1;
+      if (all || slot.ejectedUntil === 0) return slot;
+    }
+    return this.slots[0] as Slot; // not reached: some slot is usable when not all are set aside
+  }
+
+  /**
+   * The usable endpoint with the fewest connections, looking from the round-robin index on, so
+   * that ties go round-robin. An endpoint with none ends the look: nothing can beat it.
+   */
+  private leastConnections(all: boolean): Slot {
+    const n = this.slots.length;
+    let best: Slot | undefined;
+    let bestAt = 0;
+    for (let k = 0, at = this.index; k < n; k++, at = at + 1 === n ? 0 : at + 1) {
+      const slot = this.slots[at] as Slot;
+      if (!all && slot.ejectedUntil !== 0) continue;
+      if (best === undefined || slot.active < best.active) {
+        best = slot;
+        bestAt = at;
+        if (slot.active === 0) break;
+      }
+    }
+    this.index = bestAt + 1 === n ? 0 : bestAt + 1;
+    return best ?? (this.slots[0] as Slot);
+  }
+
+  private pickSticky(clientIP: string, reset: boolean): Slot {
     const now = this.clock.now();
     const entry = this.sticky.get(clientIP);
-    if (entry !== undefined && !reset && !this.expired(entry, now)) {
+    if (entry !== undefined && !reset && !this.expired(entry, now) && this.usable(entry.slot)) {
       entry.lastUsed = now;
-      return entry.endpoint;
+      return entry.slot;
     }
-    // A reset (the sticky endpoint failed to dial) or an expired entry: pick afresh and re-stick.
-    const ep = this.advance();
+    // A reset (the sticky endpoint failed to dial), an expired entry, or an endpoint set aside:
+    // pick afresh and re-stick.
+    const slot = this.pick();
     if (entry === undefined) {
-      this.sticky.set(clientIP, { endpoint: ep, lastUsed: now });
+      this.sticky.set(clientIP, { slot, lastUsed: now });
     } else {
-      entry.endpoint = ep;
+      entry.slot = slot;
       entry.lastUsed = now;
     }
-    return ep;
+    return slot;
+  }
+
+  private usable(slot: Slot): boolean {
+    return slot.ejectedUntil === 0 || this.ejected >= this.slots.length;
+  }
+
+  /** Takes back the endpoints whose time is up; reads the clock only while some are set aside. */
+  private returnDue(): void {
+    const now = this.clock.now();
+    if (now < this.nextReturn) return;
+    this.nextReturn = Infinity;
+    for (const slot of this.slots) {
+      if (slot.ejectedUntil === 0) continue;
+      if (slot.ejectedUntil <= now) {
+        slot.ejectedUntil = 0;
+        slot.returnedAt = now;
+        this.ejected--;
+      } else {
+        this.nextReturn = Math.min(this.nextReturn, slot.ejectedUntil);
+      }
+    }
+  }
+
+  private clearFailures(slot: Slot): void {
+    slot.consecutiveFailures = 0;
+    this.failing--;
   }
 
   private expired(entry: StickyEntry, now: number): boolean {
     return now - entry.lastUsed >= this.timeoutMs;
   }
 
+  /**
+   * The slots of the new list: an endpoint that stays keeps its counts and health (and takes the
+   * new object); one that left keeps counting its connections until they are released, and is
+   * forgotten then; its health is forgotten at once.
+   */
+  private relist(current: ReadonlyMap<string, Endpoint>): void {
+    for (const [addr, slot] of this.byAddr) {
+      if (current.has(addr)) continue;
+      slot.listed = false;
+      Object.assign(slot, freshOutlierState());
+      if (slot.active === 0) this.byAddr.delete(addr);
+    }
+    this.slots = this.list.map((endpoint) => {
+      const slot = this.byAddr.get(endpoint.addr);
+      if (slot === undefined) {
+        const fresh: Slot = { endpoint, active: 0, listed: true, ...freshOutlierState() };
+        this.byAddr.set(endpoint.addr, fresh);
+        return fresh;
+      }
+      slot.endpoint = endpoint;
+      slot.listed = true;
+      return slot;
+    });
+    this.ejected = 0;
+    this.failing = 0;
+    this.nextReturn = Infinity;
+    for (const slot of this.slots) {
+      if (slot.consecutiveFailures > 0) this.failing++;
+      if (slot.ejectedUntil !== 0) {
+        this.ejected++;
+        this.nextReturn = Math.min(this.nextReturn, slot.ejectedUntil);
+      }
+    }
+  }
+
   /** Clients whose endpoint left must re-balance; the rest follow their endpoint's new object. */
   private dropStickyNotIn(current: ReadonlyMap<string, Endpoint>): void {
     for (const [ip, entry] of this.sticky) {
-      const ep = current.get(entry.endpoint.addr);
-      if (ep === undefined) this.sticky.delete(ip);
-      else entry.endpoint = ep;
+      const slot = this.byAddr.get(entry.slot.endpoint.addr);
+      if (slot === undefined || !current.has(slot.endpoint.addr)) this.sticky.delete(ip);
+      else entry.slot = slot;
     }
   }
 }
