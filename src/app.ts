@@ -1,7 +1,8 @@
 import { hostname } from 'node:os';
 import { hostPort } from './core/address.js';
-import { roundRobinFactory } from './core/balancer/round-robin.js';
+import { RoundRobinBalancer } from './core/balancer/round-robin.js';
 import { systemClock } from './core/clock.js';
+import { RateLimiter } from './core/rate-limiter.js';
 import { ProxyError, errnoCode } from './core/errors.js';
 import { PortAllocator } from './core/port-allocator.js';
 import { ProxierHealth } from './core/proxier-health.js';
@@ -14,7 +15,9 @@ import { followProxier, startHealthServer } from './io/http/healthz.js';
 import { HttpServer, sendJson } from './io/http/http-server.js';
 import { attachMetrics } from './io/http/metrics.js';
 import { ServiceHealthServer, healthCheckHosts } from './io/http/service-health.js';
+import { EventRecorder } from './io/kube/event-recorder.js';
 import { DirectDialer } from './io/net/direct-dialer.js';
+import { HoldBudget } from './io/net/hold-budget.js';
 import { TcpProxySocket } from './io/net/tcp-proxy.js';
 import { UdpProxySocket } from './io/net/udp-proxy.js';
 import { UdpReceiveBuffers } from './io/net/udp-receive-buffers.js';
@@ -25,6 +28,7 @@ import { LocalUnitSet, type ProxySocketFactory } from './proxier/unit-set.js';
 import type { Portal } from './seams/portal.js';
 import type { ProxySocket } from './seams/proxy-socket.js';
 import type { UnitSet } from './seams/unit-set.js';
+import type { HttpKubeApi } from './io/kube/api-client.js';
 import { VERSION } from './version.js';
 
 /** A running proxy: what main and the demo hold on to. */
@@ -42,14 +46,31 @@ export interface RunningProxy {
   stop(graceMs?: number): Promise<{ cut: number }>;
 }
 
-function socketFactory(config: ProxyConfig, logger: Logger, receiveBuffers: UdpReceiveBuffers): ProxySocketFactory {
+/** Where a hold episode (demand for a Service without endpoints) is made visible. */
+interface Demand {
+  /** Set once the API source is built, with --emit-events. */
+  events?: EventRecorder;
+}
+
+function socketFactory(config: ProxyConfig, logger: Logger, receiveBuffers: UdpReceiveBuffers, demand: Demand): ProxySocketFactory {
   const dialer = new DirectDialer({ keepAliveMs: config.tcpKeepAliveMs });
+  const holdBudget = new HoldBudget(config.holdMaxPerServicePort, config.holdMaxPerNode);
+  // Many Services scaled to zero can start episodes every hold period: said at most every 10 s.
+  const holdLines = new RateLimiter(10_000, systemClock.now);
   return (unit, balancer, stats): ProxySocket => {
+    const hold = {
+      ...(unit.holdWhenEmptyMs === undefined ? {} : { holdWhenEmptyMs: unit.holdWhenEmptyMs }),
+      onHoldEpisode: () => {
+        const suppressed = holdLines.take();
+        if (suppressed !== undefined) logger.info({ component: 'hold', service: unit.id, suppressed }, `${unit.id}: no endpoints; holding connections until one appears`);
+        demand.events?.needPods(unit.servicePort);
+      },
+    };
     // The sockets bind their own {component, service} child logger, and only when they first log.
     if (unit.protocol === 'UDP') {
-      return new UdpProxySocket({ name: unit.id, balancer, logger, stats, idleTimeoutMs: config.udpIdleTimeoutMs, maxSessions: config.maxUdpSessions, receiveBuffers });
+      return new UdpProxySocket({ name: unit.id, balancer, logger, stats, idleTimeoutMs: config.udpIdleTimeoutMs, maxSessions: config.maxUdpSessions, receiveBuffers, ...hold });
     }
-    return new TcpProxySocket({ name: unit.id, balancer, dialer, logger, stats, keepAliveMs: config.tcpKeepAliveMs, idleTimeoutMs: config.tcpIdleTimeoutMs });
+    return new TcpProxySocket({ name: unit.id, balancer, dialer, logger, stats, keepAliveMs: config.tcpKeepAliveMs, idleTimeoutMs: config.tcpIdleTimeoutMs, holdBudget, ...hold });
   };
 }
 
@@ -101,10 +122,11 @@ async function start(config: ProxyConfig, logger: Logger, started: Started): Pro
   const limit = readOpenFileLimit();
   const budget = descriptorBudget(limit === undefined ? Infinity : Math.min(limit.soft, limit.hard));
   if (budget.maxListeners !== Infinity) logger.debug({ ...budget }, 'open files: listening sockets bounded so that connections keep theirs');
+  const demand: Demand = {};
   const units = new LocalUnitSet({
     logger,
-    balancerFactory: roundRobinFactory,
-    socketFactory: socketFactory(config, logger, receiveBuffers),
+    balancerFactory: (deps) => new RoundRobinBalancer({ ...deps, outlier: config.outlier }),
+    socketFactory: socketFactory(config, logger, receiveBuffers, demand),
     portAllocator: new PortAllocator(config.proxyPortRange, Math.random),
     clock: systemClock,
     random: Math.random,
@@ -125,7 +147,13 @@ async function start(config: ProxyConfig, logger: Logger, started: Started): Pro
   started.add(() => proxier.shutdown(0));
   const health = new ProxierHealth(2 * config.syncPeriodMs, { clock: systemClock, wallNow: Date.now });
   // Before anything is started: a bad flag or no cluster to be found is one line and exit 2.
-  const source = await createSource(config, { logger, nodeName, onNode: (node) => health.setNode(node) });
+  const onApi = (api: HttpKubeApi): void => {
+    if (!config.emitEvents) return;
+    const events = new EventRecorder({ api, logger, node: nodeName, serviceUid: (ns, name) => proxier.cache.service(`${ns}/${name}`)?.metadata?.uid });
+    demand.events = events;
+    started.add(async () => events.stop());
+  };
+  const source = await createSource(config, { logger, nodeName, onNode: (node) => health.setNode(node), onApi });
   await portal.start();
   // Health and metrics follow the loop's events, as kube-proxy's trackers do.
   followProxier(health, proxier);
@@ -163,6 +191,7 @@ async function start(config: ProxyConfig, logger: Logger, started: Started): Pro
       // Health keeps answering through the grace period, so a liveness probe does not kill a
       // proxy that is draining; portal rules stay in place for the next start to take over.
       const result = await proxier.shutdown(graceMs);
+      demand.events?.stop();
       await Promise.all([admin.close(), healthz.server.close(), serviceHealth.close()]);
       return result;
     },

@@ -192,9 +192,31 @@ const SCHEMA: Schema = {
         },
       },
       logLevel: { type: 'string', apply: (v, at, out) => { out.logLevel = oneOf(v as string, LOG_LEVELS, at); } },
+      outlierDetection: {
+        type: {
+          consecutiveFailures: countOption('outlierConsecutiveFailures'),
+          baseEjectionTime: { type: 'duration', apply: (v, _at, out) => { out.outlierBaseEjectionTime = v as string; } },
+          maxEjectionTime: { type: 'duration', apply: (v, _at, out) => { out.outlierMaxEjectionTime = v as string; } },
+          maxEjectionPercent: countOption('outlierMaxEjectionPercent'),
+        },
+      },
+      holdMaxPerServicePort: countOption('holdMaxPerServicePort'),
+      holdMaxPerNode: countOption('holdMaxPerNode'),
+      emitEvents: { type: 'boolean', apply: (v, _at, out) => { out.emitEvents = v as boolean; } },
     },
   },
 };
+
+/** One of our counts: a whole number, 0 included (its meaning is the flag's). */
+function countOption(key: 'outlierConsecutiveFailures' | 'outlierMaxEjectionPercent' | 'holdMaxPerServicePort' | 'holdMaxPerNode'): Field {
+  return {
+    type: 'integer',
+    apply: (v, at, out) => {
+      if ((v as number) < 0) throw new UsageError(`${at}: ${String(v)} is not a whole number of 0 or more`);
+      out[key] = String(v);
+    },
+  };
+}
 
 /**
  * kube-proxy's nodePortAddresses: CIDRs, or the keywords `all` (every address: what an empty
@@ -397,6 +419,15 @@ export function toKubeProxyConfiguration(config: ProxyConfig): Record<string, un
       maxUDPSessions: config.maxUdpSessions,
       serviceClusterIPRanges: config.serviceClusterIPRanges,
       logLevel: config.logLevel,
+      outlierDetection: {
+        consecutiveFailures: config.outlier.consecutiveFailures,
+        baseEjectionTime: formatDuration(config.outlier.baseEjectionMs),
+        maxEjectionTime: formatDuration(config.outlier.maxEjectionMs),
+        maxEjectionPercent: config.outlier.maxEjectionPercent,
+      },
+      holdMaxPerServicePort: config.holdMaxPerServicePort,
+      holdMaxPerNode: config.holdMaxPerNode,
+      emitEvents: config.emitEvents,
     },
   };
 }
