@@ -49,7 +49,7 @@ describe('RoundRobinBalancer: least-connections', () => {
   it('counts through a change of the set, and forgets a departed endpoint once released', () => {
     const lb = leastConnections([A, B]);
     const a = lb.nextEndpoint('x', false) as Endpoint;
-    expect(a).toBe(A);
+    expect(a).toEqual(A);
     lb.setEndpoints([B, C]);
     expect(active(lb)).toEqual({ [B.addr]: 0, [C.addr]: 0 });
     // A comes back while its connection still runs: the count is still there.

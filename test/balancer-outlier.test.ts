@@ -112,10 +112,10 @@ describe('RoundRobinBalancer: passive health', () => {
   it('moves a sticky client off an endpoint that was set aside', () => {
     const { lb, fail } = setup();
     lb.setAffinity({ type: 'ClientIP', timeoutSeconds: 60 });
-    expect(lb.nextEndpoint('c', false)).toBe(A);
+    expect(lb.nextEndpoint('c', false)).toEqual(A);
     fail(A, 3);
-    expect(lb.nextEndpoint('c', false)).toBe(B);
-    expect(lb.nextEndpoint('c', false)).toBe(B);
+    expect(lb.nextEndpoint('c', false)).toEqual(B);
+    expect(lb.nextEndpoint('c', false)).toEqual(B);
   });
 
   it('is off with consecutiveFailures 0', () => {

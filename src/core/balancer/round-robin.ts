@@ -6,11 +6,31 @@ import { DEFAULT_OUTLIER_POLICY, freshOutlierState, maxEjected, nextEjectionMs, 
 
 /** One endpoint and what the balancer keeps for it. */
 interface Slot extends OutlierState {
-  endpoint: Endpoint;
+  /** What nextEndpoint hands out for it (see handleOf). */
+  handle: Endpoint;
+  /** Its balancer: a handle is only ever released to the balancer it came from. */
+  owner: RoundRobinBalancer;
   /** Handed out and not yet released. */
   active: number;
   /** In the current set; a slot that left stays (unlisted) while it has connections to count. */
   listed: boolean;
+}
+
+/**
+ * The handed-out endpoint carries its slot under a symbol that is not enumerable: the object reads
+ * as the plain Endpoint data it copies (logs, equality, JSON), and release() finds the slot with
+ * one property load instead of a lookup by address, on every connection.
+ */
+const SLOT = Symbol('slot');
+
+function handleSlot(endpoint: Endpoint): Slot | undefined {
+  return (endpoint as Endpoint & { [SLOT]?: Slot })[SLOT];
+}
+
+function handleOf(endpoint: Endpoint, slot: Slot): Endpoint {
+  const handle: Endpoint = { ip: endpoint.ip, port: endpoint.port, addr: endpoint.addr };
+  if (endpoint.nodeName !== undefined) handle.nodeName = endpoint.nodeName;
+  return Object.defineProperty(handle, SLOT, { value: slot });
 }
 
 /** One client's sticky choice (upstream affinityState). */
@@ -32,16 +52,17 @@ interface StickyEntry {
  * came first).
  *
  * Per pick, without affinity and with nothing set aside: an index step and a counter increment,
- * no clock read, no allocation.
+ * no clock read, no allocation; per release a property load and a decrement. The endpoints handed
+ * out are the balancer's copies of those it was given (equal to them, not the same objects).
  */
 export class RoundRobinBalancer implements LoadBalancer {
   private readonly clock: Clock;
   private readonly random: RandomSource;
   private readonly outlier: OutlierPolicy;
   private list: readonly Endpoint[] = [];
-  /** Parallel to `list`. */
+  /** Parallel to `list`, whose entries are their handles. */
   private slots: Slot[] = [];
-  /** Listed slots, and unlisted ones with connections, by addr: what release and reports find. */
+  /** Listed slots, and unlisted ones with connections (an endpoint that returns finds its counts). */
   private readonly byAddr = new Map<string, Slot>();
   private index = 0;
   private algorithm: BalancerAlgorithm = 'round-robin';
@@ -73,10 +94,10 @@ export class RoundRobinBalancer implements LoadBalancer {
     const byAddr = uniqueByAddr(endpoints);
     if (sameAddrs(this.list, byAddr)) return;
     // A fresh shuffle per change keeps many proxies from all starting on the same endpoint.
-    this.list = shuffle([...byAddr.values()], this.random);
+    this.relist(shuffle([...byAddr.values()], this.random));
+    this.list = this.slots.map((s) => s.handle);
     this.index = 0;
-    this.relist(byAddr);
-    this.dropStickyNotIn(byAddr);
+    this.dropStickyNotIn();
   }
 
   setAffinity(policy: AffinityPolicy): void {
@@ -101,7 +122,7 @@ export class RoundRobinBalancer implements LoadBalancer {
     // Runs per connection: the None path must stay free of allocation.
     const slot = this.affinityType === 'None' ? this.pick() : this.pickSticky(clientIP, sessionAffinityReset);
     slot.active++;
-    return slot.endpoint;
+    return slot.handle;
   }
 
   cleanupStaleStickySessions(): void {
@@ -113,23 +134,23 @@ export class RoundRobinBalancer implements LoadBalancer {
   }
 
   release(endpoint: Endpoint): void {
-    const slot = this.byAddr.get(endpoint.addr);
+    const slot = this.slotOf(endpoint);
     if (slot === undefined || slot.active === 0) return;
     slot.active--;
-    if (slot.active === 0 && !slot.listed) this.byAddr.delete(endpoint.addr);
+    if (slot.active === 0 && !slot.listed) this.byAddr.delete(slot.handle.addr);
   }
 
   reportDial(endpoint: Endpoint, ok: boolean): boolean {
     if (ok) {
       if (this.failing === 0) return false;
-      const slot = this.byAddr.get(endpoint.addr);
-      if (slot !== undefined && slot.consecutiveFailures > 0) this.clearFailures(slot);
+      const slot = this.slotOf(endpoint);
+      if (slot !== undefined && slot.listed && slot.consecutiveFailures > 0) this.clearFailures(slot);
       return false;
     }
     const policy = this.outlier;
     if (policy.consecutiveFailures <= 0) return false;
-    const slot = this.byAddr.get(endpoint.addr);
-    // Dials that were in flight when it was set aside change nothing.
+    const slot = this.slotOf(endpoint);
+    // Dials that were in flight when it was set aside, or when it left, change nothing.
     if (slot === undefined || !slot.listed || slot.ejectedUntil !== 0) return false;
     if (slot.consecutiveFailures++ === 0) this.failing++;
     // Past the share, it stays failing: the next failure tries again, once another is back.
@@ -146,7 +167,16 @@ export class RoundRobinBalancer implements LoadBalancer {
 
   load(): EndpointLoad[] {
     const now = this.ejected > 0 ? this.clock.now() : 0;
-    return this.slots.map((s) => ({ addr: s.endpoint.addr, active: s.active, setAsideMs: s.ejectedUntil > now ? s.ejectedUntil - now : 0 }));
+    return this.slots.map((s) => ({ addr: s.handle.addr, active: s.active, setAsideMs: s.ejectedUntil > now ? s.ejectedUntil - now : 0 }));
+  }
+
+  /**
+   * The slot of an endpoint handed out by this balancer, by one property load; any other object
+   * of the same address (a caller's own copy) is looked up by address.
+   */
+  private slotOf(endpoint: Endpoint): Slot | undefined {
+    const slot = handleSlot(endpoint);
+    return slot !== undefined && slot.owner === this ? slot : this.byAddr.get(endpoint.addr);
   }
 
   /** A fresh endpoint for a connection: precondition, the list is not empty. */
@@ -237,25 +267,26 @@ export class RoundRobinBalancer implements LoadBalancer {
   }
 
   /**
-   * The slots of the new list: an endpoint that stays keeps its counts and health (and takes the
-   * new object); one that left keeps counting its connections until they are released, and is
-   * forgotten then; its health is forgotten at once.
+   * The slots of the new list, in its order: an endpoint that stays keeps its counts and health
+   * (with a handle of the new object's data; handles out earlier still find it); one that left
+   * keeps counting its connections until they are released, and is forgotten then; its health is
+   * forgotten at once.
    */
-  private relist(current: ReadonlyMap<string, Endpoint>): void {
+  private relist(endpoints: readonly Endpoint[]): void {
+    const current = new Set(endpoints.map((e) => e.addr));
     for (const [addr, slot] of this.byAddr) {
       if (current.has(addr)) continue;
       slot.listed = false;
       Object.assign(slot, freshOutlierState());
       if (slot.active === 0) this.byAddr.delete(addr);
     }
-    this.slots = this.list.map((endpoint) => {
-      const slot = this.byAddr.get(endpoint.addr);
+    this.slots = endpoints.map((endpoint) => {
+      let slot = this.byAddr.get(endpoint.addr);
       if (slot === undefined) {
-        const fresh: Slot = { endpoint, active: 0, listed: true, ...freshOutlierState() };
-        this.byAddr.set(endpoint.addr, fresh);
-        return fresh;
+        slot = { handle: endpoint, owner: this, active: 0, listed: true, ...freshOutlierState() };
+        this.byAddr.set(endpoint.addr, slot);
       }
-      slot.endpoint = endpoint;
+      slot.handle = handleOf(endpoint, slot);
       slot.listed = true;
       return slot;
     });
@@ -271,12 +302,10 @@ export class RoundRobinBalancer implements LoadBalancer {
     }
   }
 
-  /** Clients whose endpoint left must re-balance; the rest follow their endpoint's new object. */
-  private dropStickyNotIn(current: ReadonlyMap<string, Endpoint>): void {
+  /** Clients whose endpoint left must re-balance; the rest keep their slot (and its new handle). */
+  private dropStickyNotIn(): void {
     for (const [ip, entry] of this.sticky) {
-      const slot = this.byAddr.get(entry.slot.endpoint.addr);
-      if (slot === undefined || !current.has(slot.endpoint.addr)) this.sticky.delete(ip);
-      else entry.slot = slot;
+      if (!entry.slot.listed) this.sticky.delete(ip);
     }
   }
 }

@@ -101,7 +101,8 @@ export class TcpConnection {
 
   /**
    * Start at accept. The first pick is synchronous, so a port without endpoints resets the client
-   * before any I/O. Precondition: the client was accepted paused (pauseOnConnect).
+   * before any I/O, or holds it (hold-when-empty). Precondition: the client was accepted paused
+   * (pauseOnConnect).
    */
   start(): void {
     const { ctx, client } = this;
