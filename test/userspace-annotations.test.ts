@@ -21,7 +21,7 @@ afterEach(async () => {
 function web(annotations: Record<string, unknown> = {}, rv = '1'): V1Service {
   const svc = service({ name: 'web', clusterIP: '10.96.0.10', ports: [{ name: 'http', port: 80 }, { name: 'dns', port: 53, protocol: 'UDP' }], resourceVersion: rv }) as { metadata: Record<string, unknown> };
   svc.metadata.annotations = { 'unrelated.example.com/x': 'y', ...annotations };
-  return svc as unknown as V1Service;
+  return svc;
 }
 
 describe('annotations under kube-userspace-proxy.io/', () => {
