@@ -1,6 +1,6 @@
 import { hostname } from 'node:os';
 import { hostPort } from './core/address.js';
-import { roundRobinFactory } from './core/balancer/round-robin.js';
+import { RoundRobinBalancer } from './core/balancer/round-robin.js';
 import { systemClock } from './core/clock.js';
 import { ProxyError, errnoCode } from './core/errors.js';
 import { PortAllocator } from './core/port-allocator.js';
@@ -15,6 +15,7 @@ import { HttpServer, sendJson } from './io/http/http-server.js';
 import { attachMetrics } from './io/http/metrics.js';
 import { ServiceHealthServer, healthCheckHosts } from './io/http/service-health.js';
 import { attachWorkerFigures, renderWorkerMetrics } from './io/http/worker-metrics.js';
+import { EventRecorder } from './io/kube/event-recorder.js';
 import { UdpReceiveBuffers } from './io/net/udp-receive-buffers.js';
 import { systemNodeAddresses } from './io/portal/node-addresses.js';
 import { startLocalNames, type LocalNames } from './local-names.js';
@@ -25,6 +26,7 @@ import { proxySocketFactory } from './proxy-sockets.js';
 import type { Portal } from './seams/portal.js';
 import type { UnitSet } from './seams/unit-set.js';
 import { createWorkerPool, resolveWorkers, sweepIntervalMs } from './start-workers.js';
+import type { HttpKubeApi } from './io/kube/api-client.js';
 import { VERSION } from './version.js';
 
 /** A running proxy: what main and the demo hold on to. */
@@ -42,6 +44,12 @@ export interface RunningProxy {
   names: LocalNames;
   /** Stop accepting, let connections finish for the grace period, close everything. */
   stop(graceMs?: number): Promise<{ cut: number }>;
+}
+
+/** Where a hold episode (demand for a Service without endpoints) is made visible. */
+interface Demand {
+  /** Set once the API source is built, with --emit-events. */
+  events?: EventRecorder;
 }
 
 /** Runs what was started so far in reverse order, past failures: a failed start leaves nothing behind. */
@@ -92,13 +100,14 @@ async function start(config: ProxyConfig, logger: Logger, started: Started): Pro
   const limit = readOpenFileLimit();
   const budget = descriptorBudget(limit === undefined ? Infinity : Math.min(limit.soft, limit.hard));
   if (budget.maxListeners !== Infinity) logger.debug({ ...budget }, 'open files: listening sockets bounded so that connections keep theirs');
+  const demand: Demand = {};
   // --workers N >= 2: the sockets live in worker processes, launched once the source is found.
   const workers = resolveWorkers(config.workers);
   const pool = workers > 1 ? createWorkerPool(config, workers, logger) : undefined;
   const units: UnitSet = pool ?? new LocalUnitSet({
     logger,
-    balancerFactory: roundRobinFactory,
-    socketFactory: proxySocketFactory(config, logger, receiveBuffers),
+    balancerFactory: (deps) => new RoundRobinBalancer({ ...deps, outlier: config.outlier }),
+    socketFactory: proxySocketFactory(config, logger, receiveBuffers, (unit) => demand.events?.needPods(unit.servicePort)),
     portAllocator: new PortAllocator(config.proxyPortRange, Math.random),
     clock: systemClock,
     random: Math.random,
@@ -119,7 +128,13 @@ async function start(config: ProxyConfig, logger: Logger, started: Started): Pro
   started.add(() => proxier.shutdown(0));
   const health = new ProxierHealth(2 * config.syncPeriodMs, { clock: systemClock, wallNow: Date.now });
   // Before anything is started: a bad flag or no cluster to be found is one line and exit 2.
-  const source = await createSource(config, { logger, nodeName, onNode: (node) => health.setNode(node) });
+  const onApi = (api: HttpKubeApi): void => {
+    if (!config.emitEvents) return;
+    const events = new EventRecorder({ api, logger, node: nodeName, serviceUid: (ns, name) => proxier.cache.service(`${ns}/${name}`)?.metadata?.uid });
+    demand.events = events;
+    started.add(async () => events.stop());
+  };
+  const source = await createSource(config, { logger, nodeName, onNode: (node) => health.setNode(node), onApi });
   await portal.start();
   if (pool) {
     await pool.launch();
@@ -170,6 +185,7 @@ async function start(config: ProxyConfig, logger: Logger, started: Started): Pro
       // Health keeps answering through the grace period, so a liveness probe does not kill a
       // proxy that is draining; portal rules stay in place for the next start to take over.
       const result = await proxier.shutdown(graceMs);
+      demand.events?.stop();
       // The hosts-file block goes last: names keep resolving while connections drain.
       await Promise.all([admin.close(), healthz.server.close(), serviceHealth.close(), names.stop()]);
       return result;

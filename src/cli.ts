@@ -55,6 +55,13 @@ export function buildProgram(capture: { out: string; err: string }): Command {
     .option('--dns-bind-address <host:port>', 'answer DNS for Service names (svc.ns.svc.<cluster domain>, svc.ns) on this address, UDP and TCP (default: off)')
     .option('--cluster-domain <domain>', `the domain Service names end in (default: ${DEFAULTS.clusterDomain})`)
     .option('--hosts-file <file>', 'keep a block of Service names in this hosts-format file (e.g. /etc/hosts, as root); removed on exit and by --cleanup')
+    .option('--outlier-consecutive-failures <n>', `passive health: set an endpoint aside after this many failed dials in a row (refused, timed out, reset before any byte); 0 turns it off (default: ${DEFAULTS.outlierConsecutiveFailures})`)
+    .option('--outlier-base-ejection-time <duration>', `passive health: how long an endpoint is first set aside; doubled on each repeat (default: ${DEFAULTS.outlierBaseEjectionTime})`)
+    .option('--outlier-max-ejection-time <duration>', `passive health: the longest an endpoint is set aside (default: ${DEFAULTS.outlierMaxEjectionTime})`)
+    .option('--outlier-max-ejection-percent <n>', `passive health: at most this share of a port's endpoints set aside at once, and always one (default: ${DEFAULTS.outlierMaxEjectionPercent})`)
+    .option('--hold-max-per-service-port <n>', `connections held for want of endpoints (annotation kube-userspace-proxy.io/hold-when-empty) per service port; past it they are reset (default: ${DEFAULTS.holdMaxPerServicePort})`)
+    .option('--hold-max-per-node <n>', `connections held for want of endpoints over the whole node (default: ${DEFAULTS.holdMaxPerNode})`)
+    .option('--emit-events', 'post a Kubernetes Event (reason NeedPods) on a Service each time a connection is held for want of its endpoints (needs RBAC create on events)')
     .option('--log-level <level>', `trace, debug, info, warn, error, fatal or silent (default: ${DEFAULTS.logLevel})`)
     .option('--cleanup', 'remove everything the portal modes installed, then exit');
   return program;
@@ -66,6 +73,8 @@ const STRING_OPTIONS = [
   'proxyPortRange', 'udpTimeout', 'maxUdpSessions', 'tcpKeepalive', 'tcpIdleTimeout', 'workers', 'metricsBindAddress', 'healthzBindAddress',
   'iptablesSyncPeriod', 'iptablesMinSyncPeriod', 'nodeportAddresses', 'serviceClusterIpRange',
   'shutdownGracePeriod', 'configSyncPeriod', 'logLevel', 'dnsBindAddress', 'clusterDomain', 'hostsFile',
+  'outlierConsecutiveFailures', 'outlierBaseEjectionTime', 'outlierMaxEjectionTime', 'outlierMaxEjectionPercent',
+  'holdMaxPerServicePort', 'holdMaxPerNode',
 ] as const satisfies ReadonlyArray<keyof RawOptions>;
 
 export function parseCommandLine(argv: readonly string[]): CliOutcome {
@@ -95,5 +104,6 @@ export function parseCommandLine(argv: readonly string[]): CliOutcome {
   if (syncPeriod !== undefined) options.iptablesSyncPeriod = syncPeriod;
   if (minSyncPeriod !== undefined) options.iptablesMinSyncPeriod = minSyncPeriod;
   if (o.cleanup === true) options.cleanup = true;
+  if (o.emitEvents === true) options.emitEvents = true;
   return { kind: 'run', options };
 }

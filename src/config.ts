@@ -3,6 +3,7 @@ import { parseClusterDomain } from './core/cluster-names.js';
 import { parseDuration } from './core/duration.js';
 import { parsePortRange, type PortRange } from './core/port-allocator.js';
 import { UsageError } from './core/errors.js';
+import { DEFAULT_OUTLIER_POLICY, type OutlierPolicy } from './core/balancer/outlier.js';
 import { LOG_LEVELS } from './log.js';
 import { PORTAL_MODES, type PortalMode } from './seams/portal.js';
 import type { LevelWithSilent } from 'pino';
@@ -51,6 +52,13 @@ export interface ProxyConfig {
    * (os.availableParallelism(), resolved at start). 1 serves from the controller's own process.
    */
   workers: number | 'auto';
+  /** `--outlier-*`: passive health (outlier ejection on consecutive connect failures). */
+  outlier: OutlierPolicy;
+  /** `--hold-max-per-service-port`, `--hold-max-per-node`: bounds on connections held by hold-when-empty. */
+  holdMaxPerServicePort: number;
+  holdMaxPerNode: number;
+  /** `--emit-events`: a Kubernetes Event (NeedPods) on a Service per hold episode; API source only. */
+  emitEvents: boolean;
   cleanup: boolean;
 }
 
@@ -80,6 +88,13 @@ export interface RawOptions {
   dnsBindAddress?: string;
   clusterDomain?: string;
   hostsFile?: string;
+  outlierConsecutiveFailures?: string;
+  outlierBaseEjectionTime?: string;
+  outlierMaxEjectionTime?: string;
+  outlierMaxEjectionPercent?: string;
+  holdMaxPerServicePort?: string;
+  holdMaxPerNode?: string;
+  emitEvents?: boolean;
   cleanup?: boolean;
   /** `--config FILE`: a KubeProxyConfiguration whose values the flags override (kube-proxy-config.ts). */
   config?: string;
@@ -102,6 +117,12 @@ export const DEFAULTS = {
   maxUdpSessions: '4096',
   configSyncPeriod: '15m',
   clusterDomain: 'cluster.local',
+  outlierConsecutiveFailures: String(DEFAULT_OUTLIER_POLICY.consecutiveFailures),
+  outlierBaseEjectionTime: '30s',
+  outlierMaxEjectionTime: '5m',
+  outlierMaxEjectionPercent: String(DEFAULT_OUTLIER_POLICY.maxEjectionPercent),
+  holdMaxPerServicePort: '100',
+  holdMaxPerNode: '1000',
 };
 
 /**
@@ -163,6 +184,27 @@ function cidrList(name: string, value: string | undefined): string[] {
   return list;
 }
 
+function wholeNumber(name: string, value: string, min: number, max = Number.MAX_SAFE_INTEGER): number {
+  const n = Number(value);
+  if (value.trim() === '' || !Number.isInteger(n) || n < min || n > max) {
+    throw new UsageError(`--${name}: "${value}" is not a whole number from ${min} to ${max === Number.MAX_SAFE_INTEGER ? 'up' : max}`);
+  }
+  return n;
+}
+
+function outlierPolicy(raw: RawOptions): OutlierPolicy {
+  const policy: OutlierPolicy = {
+    consecutiveFailures: wholeNumber('outlier-consecutive-failures', raw.outlierConsecutiveFailures ?? DEFAULTS.outlierConsecutiveFailures, 0),
+    baseEjectionMs: duration('outlier-base-ejection-time', raw.outlierBaseEjectionTime ?? DEFAULTS.outlierBaseEjectionTime, 1),
+    maxEjectionMs: duration('outlier-max-ejection-time', raw.outlierMaxEjectionTime ?? DEFAULTS.outlierMaxEjectionTime, 1),
+    maxEjectionPercent: wholeNumber('outlier-max-ejection-percent', raw.outlierMaxEjectionPercent ?? DEFAULTS.outlierMaxEjectionPercent, 0, 100),
+  };
+  if (policy.maxEjectionMs < policy.baseEjectionMs) {
+    throw new UsageError(`--outlier-max-ejection-time (${raw.outlierMaxEjectionTime ?? `default ${DEFAULTS.outlierMaxEjectionTime}`}) must not be shorter than --outlier-base-ejection-time (${raw.outlierBaseEjectionTime ?? `default ${DEFAULTS.outlierBaseEjectionTime}`})`);
+  }
+  return policy;
+}
+
 /** Options (flags, later merged with a config file) -> validated ProxyConfig. Pure. */
 export function buildConfig(raw: RawOptions): ProxyConfig {
   const portal = oneOf('portal', raw.portal ?? DEFAULTS.portal, PORTAL_MODES);
@@ -202,6 +244,10 @@ export function buildConfig(raw: RawOptions): ProxyConfig {
     maxUdpSessions,
     clusterDomain: parseClusterDomain(raw.clusterDomain ?? DEFAULTS.clusterDomain, '--cluster-domain'),
     workers: raw.workers === undefined ? defaultWorkers(portal) : parseWorkers(raw.workers, '--workers'),
+    outlier: outlierPolicy(raw),
+    holdMaxPerServicePort: wholeNumber('hold-max-per-service-port', raw.holdMaxPerServicePort ?? DEFAULTS.holdMaxPerServicePort, 0),
+    holdMaxPerNode: wholeNumber('hold-max-per-node', raw.holdMaxPerNode ?? DEFAULTS.holdMaxPerNode, 0),
+    emitEvents: raw.emitEvents ?? false,
     cleanup: raw.cleanup ?? false,
   };
   if (raw.dnsBindAddress) {
@@ -219,6 +265,9 @@ export function buildConfig(raw: RawOptions): ProxyConfig {
   if (raw.hostnameOverride) config.hostnameOverride = raw.hostnameOverride;
   if (raw.kubeconfig) config.kubeconfig = raw.kubeconfig;
   if (raw.master) config.master = raw.master;
+  if (config.emitEvents && config.stateFile) {
+    throw new UsageError('--emit-events posts Events to the Kubernetes API, and --state serves a file: drop one of them');
+  }
   if (config.minSyncPeriodMs > config.syncPeriodMs) {
     throw new UsageError(`--iptables-min-sync-period (${raw.iptablesMinSyncPeriod ?? `default ${DEFAULTS.iptablesMinSyncPeriod}`}) must not exceed --iptables-sync-period (${raw.iptablesSyncPeriod ?? `default ${DEFAULTS.iptablesSyncPeriod}`})`);
   }

@@ -17,6 +17,8 @@ export interface CreateSourceDeps {
   nodeName: string;
   /** This Node as the API shows it (API source only); undefined once deleted. */
   onNode?: (node: V1Node | undefined) => void;
+  /** The API client, when the source is a cluster: for what else talks to it (Events). */
+  onApi?: (api: HttpKubeApi) => void;
   /** Tests only: where kubeconfig files and the in-cluster token are looked for. */
   kubeConfigEnv?: KubeConfigEnv;
 }
@@ -41,8 +43,10 @@ export async function createSource(config: ProxyConfig, deps: CreateSourceDeps):
   const loaded = loadKubeConfig(flags, deps.kubeConfigEnv);
   if (loaded.insecure) deps.logger.warn({ server: loaded.server }, 'the API server is reached over plain HTTP: nothing authenticates it');
   deps.logger.info({ server: loaded.server, kubeconfig: loaded.origin }, 'Kubernetes API');
+  const api = new HttpKubeApi(loaded.kc);
+  deps.onApi?.(api);
   return new ApiSource({
-    api: new HttpKubeApi(loaded.kc),
+    api,
     nodeName: deps.nodeName,
     logger: deps.logger,
     ...(deps.onNode ? { onNode: deps.onNode } : {}),

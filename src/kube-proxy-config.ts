@@ -204,9 +204,31 @@ const SCHEMA: Schema = {
       dnsBindAddress: hostPortOption('dnsBindAddress', 53),
       clusterDomain: stringOption('clusterDomain', (v, at) => parseClusterDomain(v, at)),
       hostsFile: stringOption('hostsFile'),
+      outlierDetection: {
+        type: {
+          consecutiveFailures: countOption('outlierConsecutiveFailures'),
+          baseEjectionTime: { type: 'duration', apply: (v, _at, out) => { out.outlierBaseEjectionTime = v as string; } },
+          maxEjectionTime: { type: 'duration', apply: (v, _at, out) => { out.outlierMaxEjectionTime = v as string; } },
+          maxEjectionPercent: countOption('outlierMaxEjectionPercent'),
+        },
+      },
+      holdMaxPerServicePort: countOption('holdMaxPerServicePort'),
+      holdMaxPerNode: countOption('holdMaxPerNode'),
+      emitEvents: { type: 'boolean', apply: (v, _at, out) => { out.emitEvents = v as boolean; } },
     },
   },
 };
+
+/** One of our counts: a whole number, 0 included (its meaning is the flag's). */
+function countOption(key: 'outlierConsecutiveFailures' | 'outlierMaxEjectionPercent' | 'holdMaxPerServicePort' | 'holdMaxPerNode'): Field {
+  return {
+    type: 'integer',
+    apply: (v, at, out) => {
+      if ((v as number) < 0) throw new UsageError(`${at}: ${String(v)} is not a whole number of 0 or more`);
+      out[key] = String(v);
+    },
+  };
+}
 
 /**
  * kube-proxy's nodePortAddresses: CIDRs, or the keywords `all` (every address: what an empty
@@ -413,6 +435,15 @@ export function toKubeProxyConfiguration(config: ProxyConfig): Record<string, un
       dnsBindAddress: config.dnsBindAddress ? hostPort(config.dnsBindAddress) : '',
       clusterDomain: config.clusterDomain,
       hostsFile: config.hostsFile ?? '',
+      outlierDetection: {
+        consecutiveFailures: config.outlier.consecutiveFailures,
+        baseEjectionTime: formatDuration(config.outlier.baseEjectionMs),
+        maxEjectionTime: formatDuration(config.outlier.maxEjectionMs),
+        maxEjectionPercent: config.outlier.maxEjectionPercent,
+      },
+      holdMaxPerServicePort: config.holdMaxPerServicePort,
+      holdMaxPerNode: config.holdMaxPerNode,
+      emitEvents: config.emitEvents,
     },
   };
 }

@@ -32,6 +32,10 @@ export function workerInit(config: ProxyConfig, workers: number, seed: number, i
     sweepIntervalMs: sweepIntervalMs(config),
     tcpKeepAliveMs: config.tcpKeepAliveMs,
     tcpIdleTimeoutMs: config.tcpIdleTimeoutMs,
+    outlier: config.outlier,
+    // The node's bounds, shared among the workers.
+    holdMaxPerServicePort: Math.ceil(config.holdMaxPerServicePort / workers),
+    holdMaxPerNode: Math.ceil(config.holdMaxPerNode / workers),
   };
 }
 

@@ -1,5 +1,5 @@
 import { pino, type LevelWithSilent } from 'pino';
-import { roundRobinFactory } from './core/balancer/round-robin.js';
+import { RoundRobinBalancer } from './core/balancer/round-robin.js';
 import { systemClock } from './core/clock.js';
 import { PortAllocator } from './core/port-allocator.js';
 import { UdpReceiveBuffers } from './io/net/udp-receive-buffers.js';
@@ -41,8 +41,8 @@ const receiveBuffers = new UdpReceiveBuffers({ logger, sharedAddresses: true });
 const serverRef: { current?: WorkerServer } = {};
 const units = new LocalUnitSet({
   logger,
-  balancerFactory: roundRobinFactory,
-  socketFactory: proxySocketFactory({ udpIdleTimeoutMs: init.udpIdleTimeoutMs, maxUdpSessions: init.maxUdpSessions, reusePort: true, tcpKeepAliveMs: init.tcpKeepAliveMs, tcpIdleTimeoutMs: init.tcpIdleTimeoutMs }, logger, receiveBuffers),
+  balancerFactory: (deps) => new RoundRobinBalancer({ ...deps, outlier: init.outlier }),
+  socketFactory: proxySocketFactory({ udpIdleTimeoutMs: init.udpIdleTimeoutMs, maxUdpSessions: init.maxUdpSessions, reusePort: true, tcpKeepAliveMs: init.tcpKeepAliveMs, tcpIdleTimeoutMs: init.tcpIdleTimeoutMs, holdMaxPerServicePort: init.holdMaxPerServicePort, holdMaxPerNode: init.holdMaxPerNode }, logger, receiveBuffers),
   portAllocator: new PortAllocator(init.proxyPortRange, Math.random),
   clock: systemClock,
   random: Math.random,

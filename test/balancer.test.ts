@@ -158,9 +158,9 @@ describe('RoundRobinBalancer: round-robin', () => {
     expect(lb).toBeInstanceOf(RoundRobinBalancer);
     lb.setEndpoints([A, B]);
     lb.release(A);
-    expect(lb.nextEndpoint('1.1.1.1', false)).toBe(A);
+    expect(lb.nextEndpoint('1.1.1.1', false)).toEqual(A);
     lb.release(A);
-    expect(lb.nextEndpoint('1.1.1.1', false)).toBe(B);
+    expect(lb.nextEndpoint('1.1.1.1', false)).toEqual(B);
   });
 });
 
@@ -178,7 +178,7 @@ describe('RoundRobinBalancer: client-IP affinity', () => {
     expect(picks(2, '2.2.2.2')).toEqual([B.addr, B.addr]);
     expect(picks(1, '3.3.3.3')).toEqual([C.addr]);
     expect(picks(1, '4.4.4.4')).toEqual([A.addr]);
-    expect(lb.nextEndpoint('2.2.2.2', false)).toBe(B);
+    expect(lb.nextEndpoint('2.2.2.2', false)).toEqual(B);
   });
 
   it('slides the timeout: each use restarts it', () => {
@@ -229,19 +229,19 @@ describe('RoundRobinBalancer: client-IP affinity', () => {
 
   it('hands out the current endpoint object for a surviving entry', () => {
     const { lb } = sticky();
-    expect(lb.nextEndpoint('c', false)).toBe(A);
+    expect(lb.nextEndpoint('c', false)).toEqual(A);
     const A2: Endpoint = { ...A, nodeName: 'node-1' };
     lb.setEndpoints([A2, D]);
-    expect(lb.nextEndpoint('c', false)).toBe(A2);
+    expect(lb.nextEndpoint('c', false)).toEqual(A2);
   });
 
   it('re-picks on sessionAffinityReset and sticks to the new endpoint', () => {
     const { lb, picks } = sticky();
     expect(picks(1)).toEqual([A.addr]);
-    expect(lb.nextEndpoint('192.168.0.1', true)).toBe(B);
+    expect(lb.nextEndpoint('192.168.0.1', true)).toEqual(B);
     expect(picks(2)).toEqual([B.addr, B.addr]);
     // A reset for a client with no entry just picks the next one.
-    expect(lb.nextEndpoint('9.9.9.9', true)).toBe(C);
+    expect(lb.nextEndpoint('9.9.9.9', true)).toEqual(C);
   });
 
   it('applies a shorter timeout to existing entries', () => {

@@ -55,6 +55,7 @@ function fakeSocket(): ProxySocket {
     drained: async () => {},
     destroyAll() {},
     sweep() {},
+    update() {},
   };
 }
 

@@ -40,6 +40,8 @@ export interface Options {
   profile: boolean;
   /** Flags for the proxy CLI after the harness's own (--proxy-arg=--workers=2). */
   proxyArgs: string[];
+  /** Annotations on the benchmark Service, NAME=VALUE (--service-annotation=kube-userspace-proxy.io/load-balancer=least-connections). */
+  serviceAnnotations: string[];
   /** Flags for node before the proxy's script (--node-arg=--max-semi-space-size=16). */
   nodeArgs: string[];
   /** Environment for the proxy process, NAME=VALUE (--proxy-env=MALLOC_TRIM_THRESHOLD_=268435456). */
@@ -76,6 +78,9 @@ export const USAGE = `usage: node dist/bench/run.js [options]   (npm run bench)
   --no-pin              do not pin anything with taskset
   --profile             run the proxy under --cpu-prof; write flame graphs beside the results
   --proxy-arg=FLAG      pass FLAG to the proxy CLI (repeatable), e.g. --proxy-arg=--log-level=warn
+  --service-annotation=NAME=VALUE
+                        annotate the benchmark Service (repeatable), e.g.
+                        --service-annotation=kube-userspace-proxy.io/load-balancer=least-connections
   --node-arg=FLAG       pass FLAG to node before the proxy's script (repeatable)
   --proxy-env=NAME=VAL  set an environment variable for the proxy process (repeatable)
   --proxy-main FILE     run this build of the proxy CLI instead (compare before/after a change)
@@ -135,6 +140,7 @@ export function parseOptions(argv: readonly string[], defaultOutDir: string): Op
       'no-pin': { type: 'boolean' },
       profile: { type: 'boolean' },
       'proxy-arg': { type: 'string', multiple: true },
+      'service-annotation': { type: 'string', multiple: true },
       'node-arg': { type: 'string', multiple: true },
       'proxy-env': { type: 'string', multiple: true },
       'proxy-main': { type: 'string' },
@@ -169,6 +175,7 @@ export function parseOptions(argv: readonly string[], defaultOutDir: string): Op
     keepTemp: values['keep-temp'] ?? false,
     profile: values.profile ?? false,
     proxyArgs: values['proxy-arg'] ?? [],
+    serviceAnnotations: values['service-annotation'] ?? [],
     nodeArgs: values['node-arg'] ?? [],
     proxyEnv: values['proxy-env'] ?? [],
     proxyMain: values['proxy-main'],
@@ -178,6 +185,7 @@ export function parseOptions(argv: readonly string[], defaultOutDir: string): Op
   };
   if (Math.max(...o.scalePorts, o.movePorts) > 254 * 254) throw new Error(`--scale/--move-ports: at most ${254 * 254} service ports`);
   if (Math.max(...o.iptablesServices) > 20_000) throw new Error('--iptables-scale: at most 20000 Services');
+  for (const a of o.serviceAnnotations) if (!/^[^=]+=/.test(a)) throw new Error(`--service-annotation: "${a}" is not NAME=VALUE`);
   for (const e of o.proxyEnv) if (!/^[A-Za-z_][A-Za-z0-9_]*=/.test(e)) throw new Error(`--proxy-env: "${e}" is not NAME=VALUE`);
   const shared = cpusOf(o.proxyCpus).filter((c) => cpusOf(o.loadCpus).includes(c));
   if (o.pin && o.workers === 1 && shared.length > 0) throw new Error('--proxy-cpu and --load-cpu must not share a core (or give --no-pin, or --workers N to measure the whole machine)');

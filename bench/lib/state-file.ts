@@ -14,11 +14,11 @@ interface PortDef {
   targetPort: number;
 }
 
-function service(namespace: string, name: string, clusterIP: string, ports: PortDef[], resourceVersion: string): Obj {
+function service(namespace: string, name: string, clusterIP: string, ports: PortDef[], resourceVersion: string, annotations?: Record<string, string>): Obj {
   return {
     apiVersion: 'v1',
     kind: 'Service',
-    metadata: { name, namespace, uid: `uid-${namespace}-${name}`, resourceVersion },
+    metadata: { name, namespace, uid: `uid-${namespace}-${name}`, resourceVersion, ...(annotations ? { annotations } : {}) },
     spec: {
       type: 'ClusterIP',
       clusterIP,
@@ -53,15 +53,16 @@ function list(items: Obj[]): string {
   return `${JSON.stringify({ apiVersion: 'v1', kind: 'List', metadata: { resourceVersion: '' }, items })}\n`;
 }
 
-/** The benchmark Service: one port per backend service, all to the one backend. */
-export function benchState(): string {
+/** The benchmark Service: one port per backend service, all to the one backend; `annotations` as NAME=VALUE. */
+export function benchState(annotations: readonly string[] = []): string {
   const ports: PortDef[] = (Object.keys(SERVICES) as BenchService[]).map((name) => ({
     name,
     protocol: SERVICES[name].protocol,
     port: SERVICES[name].port,
     targetPort: SERVICES[name].port,
   }));
-  return list([service('bench', 'bench', PROXY_CLUSTER_IP, ports, '1'), endpointSlice('bench', 'bench', ports, BACKEND_HOST, '1')]);
+  const byName = annotations.length === 0 ? undefined : Object.fromEntries(annotations.map((a) => [a.slice(0, a.indexOf('=')), a.slice(a.indexOf('=') + 1)]));
+  return list([service('bench', 'bench', PROXY_CLUSTER_IP, ports, '1', byName), endpointSlice('bench', 'bench', ports, BACKEND_HOST, '1')]);
 }
 
 /** The c.d of the i-th scale Service (0-based): 10.78.c.d with c and d in 1..254 (no .0, no .255). */

@@ -107,7 +107,7 @@ async function startProxySystem(ctx: Context, services: readonly BenchService[])
   const dir = join(ctx.tmp, 'proxy');
   mkdirSync(dir, { recursive: true });
   const stateFile = join(dir, 'state.json');
-  writeFileSync(stateFile, benchState());
+  writeFileSync(stateFile, benchState(ctx.options.serviceAnnotations));
   const started = spawnProxy(ctx, { name: 'kube-userspace-proxy', workers: ctx.options.workers, slug: `proxy-load-${++proxyStarts}`, stateFile, admin: PROXY_ADMIN, extraArgs: ctx.options.proxyArgs, logFile: join(dir, 'out.log') });
   await waitUntil(async () => {
     try {

@@ -8,6 +8,8 @@ import { hostPort } from './address.js';
 export type Protocol = 'TCP' | 'UDP';
 export type TrafficPolicy = 'Cluster' | 'Local';
 export type AffinityType = 'None' | 'ClientIP';
+/** How a balancer picks among usable endpoints (annotation `kube-userspace-proxy.io/load-balancer`). */
+export type BalancerAlgorithm = 'round-robin' | 'least-connections';
 
 /** Upstream's ServicePortName: a Service's port, named `namespace/name:portName`. */
 export interface ServicePortName {
@@ -87,6 +89,10 @@ export interface ServicePort {
   trafficDistribution?: string;
   /** Every endpoint the slices name for this port, merged across slices and deduplicated. */
   endpoints: EndpointInfo[];
+  /** `kube-userspace-proxy.io/load-balancer`, when set to other than round-robin. */
+  loadBalancer?: BalancerAlgorithm;
+  /** `kube-userspace-proxy.io/hold-when-empty` in ms, when set and above 0. */
+  holdWhenEmptyMs?: number;
   /** Trigger time of the newest change (EndpointSlice annotation `endpoints.kubernetes.io/last-change-trigger-time`), ms since epoch. */
   lastChangeTriggerTime?: number;
 }

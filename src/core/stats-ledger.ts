@@ -30,6 +30,7 @@ export class Totals extends ServicePortStats {
     this.noEndpointRejects = this.dialExhausted = 0;
     this.udpSessionsActive = this.udpSessionsCreated = this.udpSessionsReclaimed = this.udpDatagrams = 0;
     this.udpDatagramsDropped = this.udpReceiveBufferDrops = 0;
+    this.outlierEjections = this.held = this.heldTotal = this.holdExpired = 0;
     this.dialLatencyCounts.fill(0);
     this.dialLatencySum = this.dialLatencyCount = 0;
     return this;
@@ -50,6 +51,10 @@ export class Totals extends ServicePortStats {
     this.udpDatagrams += s.udpDatagrams;
     this.udpDatagramsDropped += s.udpDatagramsDropped;
     this.udpReceiveBufferDrops += s.udpReceiveBufferDrops;
+    this.outlierEjections += s.outlierEjections;
+    this.held += s.held;
+    this.heldTotal += s.heldTotal;
+    this.holdExpired += s.holdExpired;
     for (let i = 0; i < this.dialLatencyCounts.length; i++) this.dialLatencyCounts[i] = (this.dialLatencyCounts[i] as number) + (s.dialLatencyCounts[i] ?? 0);
     this.dialLatencySum += s.dialLatencySum;
     this.dialLatencyCount += s.dialLatencyCount;
@@ -116,7 +121,7 @@ export class StatsLedger {
     for (const [key, state] of this.series) {
       for (const stats of state.tracked) {
         // Retired and drained: nothing can count on it any more.
-        if (!seen.has(stats) && stats.active === 0 && stats.udpSessionsActive === 0) {
+        if (!seen.has(stats) && stats.active === 0 && stats.udpSessionsActive === 0 && stats.held === 0) {
           state.base.add(stats);
           state.tracked.delete(stats);
           this.owner.delete(stats);

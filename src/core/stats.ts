@@ -40,6 +40,14 @@ export class ServicePortStats {
    * proxy, so read from the kernel at scrape time (udp-receive-buffers.ts), not bumped per datagram.
    */
   udpReceiveBufferDrops = 0;
+  /** Endpoints set aside by passive health (outlier ejections). */
+  outlierEjections = 0;
+  /** TCP connections held, or UDP datagrams queued, for want of endpoints now (hold-when-empty). */
+  held = 0;
+  /** TCP connections and UDP datagrams ever held for want of endpoints. */
+  heldTotal = 0;
+  /** Held TCP connections reset, and queued datagrams dropped, when the hold ran out. */
+  holdExpired = 0;
   /** Dial latency histogram: counts per bucket of DIAL_LATENCY_BUCKETS, plus +Inf at the end. */
   readonly dialLatencyCounts = new Float64Array(DIAL_LATENCY_BUCKETS.length + 1);
   dialLatencySum = 0;

@@ -1,5 +1,6 @@
 import type { V1EndpointSlice, V1Service, V1ServicePort } from '@kubernetes/client-node';
 import { hostPort } from './address.js';
+import { serviceAnnotations } from './annotations.js';
 import {
   DEFAULT_AFFINITY_TIMEOUT_SECONDS,
   servicePortNameString,
@@ -40,7 +41,8 @@ export function translateService(svc: V1Service, slices: readonly V1EndpointSlic
   const own = ownSlices(slices, namespace, name);
   const triggerTime = lastChangeTriggerTime(own);
   const ports: ServicePort[] = [];
-  const notices: string[] = [];
+  const annotations = serviceAnnotations(svc);
+  const notices: string[] = [...annotations.notices];
   for (const p of svc.spec?.ports ?? []) {
     const portName = p.name ?? '';
     const protocol = p.protocol ?? 'TCP';
@@ -60,6 +62,8 @@ export function translateService(svc: V1Service, slices: readonly V1EndpointSlic
       endpoints: endpointsFor(own, portName, protocol),
     };
     if (triggerTime !== undefined) sp.lastChangeTriggerTime = triggerTime;
+    if (annotations.loadBalancer !== undefined) sp.loadBalancer = annotations.loadBalancer;
+    if (annotations.holdWhenEmptyMs !== undefined) sp.holdWhenEmptyMs = annotations.holdWhenEmptyMs;
     ports.push(sp);
   }
   return { ports, notices };

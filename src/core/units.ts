@@ -1,6 +1,6 @@
 import { isDeepStrictEqual } from 'node:util';
 import { namespacedName } from './object-key.js';
-import type { AffinityPolicy, Endpoint, PortalAddress, Protocol, ServicePort } from './model.js';
+import type { AffinityPolicy, BalancerAlgorithm, Endpoint, PortalAddress, Protocol, ServicePort } from './model.js';
 
 /**
  * A proxy unit is what the proxier runs: one balancer and one set of listeners for the portals
@@ -22,6 +22,10 @@ export interface ProxyUnit {
   portals: PortalAddress[];
   endpoints: Endpoint[];
   affinity: AffinityPolicy;
+  /** Absent: round-robin. */
+  loadBalancer?: BalancerAlgorithm;
+  /** Hold connections this long while there are no endpoints; absent: reset them at once. */
+  holdWhenEmptyMs?: number;
 }
 
 export interface EndpointSets {
@@ -42,12 +46,14 @@ export function externalPortals(sp: ServicePort): PortalAddress[] {
 }
 
 export function planUnits(sp: ServicePort, sets: EndpointSets): ProxyUnit[] {
-  const base = {
+  const base: Pick<ProxyUnit, 'servicePort' | 'service' | 'protocol' | 'affinity' | 'loadBalancer' | 'holdWhenEmptyMs'> = {
     servicePort: sp.key,
     service: namespacedName(sp.name.namespace, sp.name.name),
     protocol: sp.protocol,
     affinity: sp.affinity,
   };
+  if (sp.loadBalancer !== undefined) base.loadBalancer = sp.loadBalancer;
+  if (sp.holdWhenEmptyMs !== undefined) base.holdWhenEmptyMs = sp.holdWhenEmptyMs;
   const external = externalPortals(sp);
   if (external.length === 0 || sp.internalTrafficPolicy === sp.externalTrafficPolicy) {
     return [{ ...base, id: sp.key, scope: 'all', portals: [...clusterPortals(sp), ...external], endpoints: sets.clusterEndpoints }];

@@ -1,6 +1,7 @@
 import type { LoadBalancer, BalancerFactory, BalancerDeps } from '../core/balancer/load-balancer.js';
 import type { Clock, RandomSource } from '../core/clock.js';
 import { hostPort } from '../core/address.js';
+import { formatDuration } from '../core/duration.js';
 import { ProxyError, errnoCode } from '../core/errors.js';
 import type { Endpoint } from '../core/model.js';
 import type { PortAllocator } from '../core/port-allocator.js';
@@ -218,6 +219,7 @@ export class LocalUnitSet implements UnitSet, AffinityShare {
     }
     const balancer = this.opts.balancerFactory(deps);
     balancer.setAffinity(unit.affinity);
+    balancer.setAlgorithm(unit.loadBalancer ?? 'round-robin');
     balancer.setEndpoints(unit.endpoints);
     const stats = new ServicePortStats();
     const socket = this.opts.socketFactory(unit, balancer, stats);
@@ -235,7 +237,10 @@ export class LocalUnitSet implements UnitSet, AffinityShare {
     if (!ru) return;
     ru.unit = unit;
     ru.balancer.setAffinity(unit.affinity);
+    ru.balancer.setAlgorithm(unit.loadBalancer ?? 'round-robin');
     ru.balancer.setEndpoints(unit.endpoints);
+    // After the balancer: connections held for want of endpoints go on to the new ones.
+    ru.socket.update(unit);
   }
 
   private closeUnit(id: string): void {
@@ -376,9 +381,20 @@ function unitStatus(ru: RunningUnit): UnitStatus {
     proxyPort: ru.proxyPort ?? null,
     endpoints: ru.balancer.endpoints.map((e: Endpoint) => e.addr),
     sessionAffinity: ru.unit.affinity.type,
+    loadBalancer: ru.unit.loadBalancer ?? 'round-robin',
+    setAside: setAside(ru.balancer),
+    ...(ru.unit.holdWhenEmptyMs === undefined ? {} : { holdWhenEmpty: formatDuration(ru.unit.holdWhenEmptyMs) }),
+    held: ru.stats.held,
     active: ru.socket.active(),
     errors: ru.listeners.filter((l) => l.error).map((l) => l.error as string),
   };
+}
+
+function setAside(balancer: LoadBalancer): UnitStatus['setAside'] {
+  const out: UnitStatus['setAside'] = [];
+  const now = Date.now();
+  for (const l of balancer.load()) if (l.setAsideMs > 0) out.push({ endpoint: l.addr, until: new Date(now + l.setAsideMs).toISOString() });
+  return out;
 }
 
 function listenErrorMessage(err: unknown, spec: ListenSpec): string {

@@ -1,5 +1,6 @@
 import type { Protocol } from '../core/model.js';
 import type { ServicePortStats } from '../core/stats.js';
+import type { ProxyUnit } from '../core/units.js';
 
 export interface ListenAddress {
   host: string;
@@ -39,6 +40,11 @@ export interface ProxySocket {
   drained(): Promise<void>;
   /** Cut every remaining connection or session at once (end of a shutdown grace period). */
   destroyAll(): void;
-  /** Periodic housekeeping from the proxier's one coarse timer (idle UDP sessions and TCP connections). */
+  /** Periodic housekeeping from the proxier's one coarse timer (idle UDP sessions and TCP connections, expired holds). */
   sweep(nowMs: number): void;
+  /**
+   * The unit changed and its balancer has the new endpoints: the socket takes the unit's own
+   * settings (hold-when-empty), and what it holds for want of endpoints goes on if there are some.
+   */
+  update(unit: ProxyUnit): void;
 }

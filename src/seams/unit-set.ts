@@ -73,6 +73,14 @@ export interface UnitStatus {
   proxyPort: number | null;
   endpoints: string[];
   sessionAffinity: string;
+  /** `round-robin` or `least-connections` (annotation kube-userspace-proxy.io/load-balancer). */
+  loadBalancer: string;
+  /** Endpoints passive health has set aside, and until when (ISO 8601). */
+  setAside: Array<{ endpoint: string; until: string }>;
+  /** How long a connection is held while there are no endpoints (a Go duration); absent when not held. */
+  holdWhenEmpty?: string;
+  /** TCP connections held, or UDP datagrams queued, for want of endpoints now. */
+  held: number;
   active: number;
   errors: string[];
 }

@@ -1,3 +1,4 @@
+import type { OutlierPolicy } from '../core/balancer/outlier.js';
 import type { PortRange } from '../core/port-allocator.js';
 import type { WorkerReport } from '../core/worker-stats.js';
 import type { UnitStickyUpdates } from './affinity-share.js';
@@ -26,6 +27,11 @@ export interface WorkerInit {
   /** `--tcp-keepalive` and `--tcp-idle-timeout`. */
   tcpKeepAliveMs: number;
   tcpIdleTimeoutMs: number;
+  /** `--outlier-*`: passive health, per worker. */
+  outlier: OutlierPolicy;
+  /** This worker's share of the hold bounds. */
+  holdMaxPerServicePort: number;
+  holdMaxPerNode: number;
 }
 
 /** Controller to worker. Requests carry an `id` their reply repeats. */

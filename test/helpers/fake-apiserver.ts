@@ -94,6 +94,10 @@ export class FakeApiServer {
   readonly requests: RequestRecord[] = [];
   /** Requires `Authorization: Bearer <token>` when set. */
   token: string | undefined = 'fake-token';
+  /** Events POSTed to /api/v1/namespaces/{ns}/events, as sent. */
+  readonly createdEvents: Obj[] = [];
+  /** Answer Event creation 403 Forbidden (no RBAC create on events). */
+  forbidEvents = false;
   private server: Server;
   private port = 0;
   private rv = 1000;
@@ -376,6 +380,12 @@ export class FakeApiServer {
       sendStatus(res, 401, 'Unauthorized', 'Unauthorized');
       return answer(401);
     }
+    const eventsOf = /^\/api\/v1\/namespaces\/([^/]+)\/events$/.exec(url.pathname);
+    if (eventsOf && req.method === 'POST') {
+      const status = this.forbidEvents ? 403 : await this.createEvent(req, res, eventsOf[1] as string);
+      if (status === 403) sendStatus(res, 403, 'Forbidden', 'events is forbidden: cannot create resource "events"');
+      return answer(status);
+    }
     if (!resource || req.method !== 'GET') {
       sendStatus(res, 404, 'NotFound', 'the server could not find the requested resource');
       return answer(404);
@@ -397,6 +407,18 @@ export class FakeApiServer {
       status = 400;
     }
     answer(status);
+  }
+
+  private async createEvent(req: IncomingMessage, res: ServerResponse, namespace: string): Promise<number> {
+    let body = '';
+    for await (const chunk of req) body += (chunk as Buffer).toString();
+    const event = JSON.parse(body) as Obj;
+    this.createdEvents.push(event);
+    const meta = (event.metadata ?? {}) as Obj;
+    const created = { ...event, metadata: { ...meta, namespace, name: `${String(meta.generateName ?? 'event.')}${this.createdEvents.length}`, resourceVersion: String(++this.rv) } };
+    res.writeHead(201, { 'Content-Type': 'application/json' });
+    res.end(JSON.stringify(created));
+    return 201;
   }
 
   private serveList(resource: ResourceName, query: Record<string, string>, res: ServerResponse): number {

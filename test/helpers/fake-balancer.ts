@@ -1,5 +1,5 @@
-import type { LoadBalancer } from '../../src/core/balancer/load-balancer.js';
-import { type AffinityPolicy, type Endpoint, toEndpoint } from '../../src/core/model.js';
+import type { EndpointLoad, LoadBalancer } from '../../src/core/balancer/load-balancer.js';
+import { type AffinityPolicy, type BalancerAlgorithm, type Endpoint, toEndpoint } from '../../src/core/model.js';
 
 export interface PickCall {
   clientIP: string;
@@ -15,6 +15,8 @@ export class FakeBalancer implements LoadBalancer {
   endpoints: readonly Endpoint[];
   readonly calls: PickCall[] = [];
   readonly released: string[] = [];
+  /** Every passive-health report, as `addr ok` or `addr fail`. */
+  readonly reports: string[] = [];
   private index = 0;
   private readonly stickyTo = new Map<string, Endpoint>();
 
@@ -44,6 +46,8 @@ export class FakeBalancer implements LoadBalancer {
 
   setAffinity(_policy: AffinityPolicy): void {}
 
+  setAlgorithm(_algorithm: BalancerAlgorithm): void {}
+
   nextEndpoint(clientIP: string, sessionAffinityReset: boolean): Endpoint | undefined {
     const picked = this.pick(clientIP, sessionAffinityReset);
     this.calls.push({ clientIP, reset: sessionAffinityReset, picked: picked?.addr });
@@ -54,6 +58,24 @@ export class FakeBalancer implements LoadBalancer {
 
   release(endpoint: Endpoint): void {
     this.released.push(endpoint.addr);
+  }
+
+  reportDial(endpoint: Endpoint, ok: boolean): boolean {
+    this.reports.push(`${endpoint.addr} ${ok ? 'ok' : 'fail'}`);
+    return false;
+  }
+
+  /** Picks minus releases per endpoint: 0 everywhere once every connection has closed. */
+  outstanding(): Map<string, number> {
+    const n = new Map<string, number>();
+    for (const c of this.calls) if (c.picked !== undefined) n.set(c.picked, (n.get(c.picked) ?? 0) + 1);
+    for (const r of this.released) n.set(r, (n.get(r) ?? 0) - 1);
+    return n;
+  }
+
+  load(): EndpointLoad[] {
+    const out = this.outstanding();
+    return this.endpoints.map((e) => ({ addr: e.addr, active: out.get(e.addr) ?? 0, setAsideMs: 0 }));
   }
 
   protected pick(clientIP: string, reset: boolean): Endpoint | undefined {

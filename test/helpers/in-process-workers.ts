@@ -46,7 +46,7 @@ export class InProcessLauncher implements WorkerLauncher {
     const units = new LocalUnitSet({
       logger,
       balancerFactory: roundRobinFactory,
-      socketFactory: proxySocketFactory({ udpIdleTimeoutMs: 1000, maxUdpSessions: this.opts.maxUdpSessions ?? 100, reusePort: true, tcpKeepAliveMs: 15_000, tcpIdleTimeoutMs: 0 }, logger, new UdpReceiveBuffers({ logger, sharedAddresses: true })),
+      socketFactory: proxySocketFactory({ udpIdleTimeoutMs: 1000, maxUdpSessions: this.opts.maxUdpSessions ?? 100, reusePort: true, tcpKeepAliveMs: 15_000, tcpIdleTimeoutMs: 0, holdMaxPerServicePort: 100, holdMaxPerNode: 1000 }, logger, new UdpReceiveBuffers({ logger, sharedAddresses: true })),
       portAllocator: new PortAllocator(this.opts.proxyPortRange, Math.random),
       clock: systemClock,
       random: Math.random,

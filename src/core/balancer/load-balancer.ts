@@ -1,10 +1,23 @@
-import type { AffinityPolicy, Endpoint } from '../model.js';
+import type { AffinityPolicy, BalancerAlgorithm, Endpoint } from '../model.js';
 import type { Clock, RandomSource } from '../clock.js';
+import type { OutlierPolicy } from './outlier.js';
+
+/** One endpoint as /services shows it. */
+export interface EndpointLoad {
+  addr: string;
+  /** Connections (TCP) or sessions (UDP) handed this endpoint and not yet released. */
+  active: number;
+  /** Set aside by passive health for this many more milliseconds; 0 when in use. */
+  setAsideMs: number;
+}
 
 /**
  * The balancer seam (upstream pkg/proxy/userspace/loadbalancer.go). One instance serves one
- * proxied service port; round-robin with client-IP affinity is the default, least-connections
- * is expected to come later behind the same interface.
+ * proxied service port: round-robin or least-connections among the usable endpoints, client-IP
+ * affinity on top, and passive health deciding which endpoints are usable.
+ *
+ * The promise callers keep: every endpoint nextEndpoint hands out is handed back by release
+ * exactly once, so per-endpoint connection counts stay exact.
  */
 export interface LoadBalancer {
   /** The current endpoint set, in the order the balancer hands them out. */
@@ -22,6 +35,8 @@ export interface LoadBalancer {
   setEndpoints(endpoints: readonly Endpoint[]): void;
   /** Apply the Service's affinity policy; the new timeout applies to existing entries too. */
   setAffinity(policy: AffinityPolicy): void;
+  /** Round-robin or least-connections from the next pick on; connection counts carry over. */
+  setAlgorithm(algorithm: BalancerAlgorithm): void;
   /**
    * The endpoint for a new connection from `clientIP`, or undefined when there is none.
    * `sessionAffinityReset` is true on a retry after a failed dial: the client's sticky entry is
@@ -30,8 +45,17 @@ export interface LoadBalancer {
   nextEndpoint(clientIP: string, sessionAffinityReset: boolean): Endpoint | undefined;
   /** Drop expired affinity entries. Called from one coarse sweep, never per client. */
   cleanupStaleStickySessions(): void;
-  /** A connection to `endpoint` ended: a seam for least-connections; round-robin ignores it. */
+  /** A connection to `endpoint` ended (or its dial failed): its count goes down. */
   release(endpoint: Endpoint): void;
+  /**
+   * What a connection learnt of `endpoint`: `ok` once it answered (a first byte, or an orderly
+   * close), not ok when the dial was refused, timed out or reset before any byte. Feeds passive
+   * health; returns true when this report set the endpoint aside (the caller counts ejections).
+   * A failure that is the proxy's own (out of descriptors) is not reported.
+   */
+  reportDial(endpoint: Endpoint, ok: boolean): boolean;
+  /** Per endpoint, in list order: connection counts and what is set aside (/services). */
+  load(): EndpointLoad[];
   /**
    * Sticky entries made, moved or still in use since the last call, for the sibling workers
    * (only with `BalancerDeps.shared`; empty otherwise).
@@ -76,6 +100,8 @@ export interface BalancerDeps {
   clock: Clock;
   random: RandomSource;
   shared?: SharedBalancing;
+  /** Passive health; default DEFAULT_OUTLIER_POLICY. */
+  outlier?: OutlierPolicy;
 }
 
 export type BalancerFactory = (deps: BalancerDeps) => LoadBalancer;

@@ -1,12 +1,42 @@
-import type { AffinityPolicy, AffinityType, Endpoint } from '../model.js';
+import type { AffinityPolicy, AffinityType, BalancerAlgorithm, Endpoint } from '../model.js';
 import { DEFAULT_AFFINITY_TIMEOUT_SECONDS } from '../model.js';
 import type { Clock, RandomSource } from '../clock.js';
-import type { BalancerDeps, BalancerFactory, LoadBalancer, SharedBalancing, StickyUpdate } from './load-balancer.js';
+import type { BalancerDeps, BalancerFactory, EndpointLoad, LoadBalancer, SharedBalancing, StickyUpdate } from './load-balancer.js';
+import { DEFAULT_OUTLIER_POLICY, freshOutlierState, maxEjected, nextEjectionMs, type OutlierPolicy, type OutlierState } from './outlier.js';
 import { orderRandom, rendezvousPick } from './shared-order.js';
+
+/** One endpoint and what the balancer keeps for it. */
+interface Slot extends OutlierState {
+  /** What nextEndpoint hands out for it (see handleOf). */
+  handle: Endpoint;
+  /** Its balancer: a handle is only ever released to the balancer it came from. */
+  owner: RoundRobinBalancer;
+  /** Handed out and not yet released. */
+  active: number;
+  /** In the current set; a slot that left stays (unlisted) while it has connections to count. */
+  listed: boolean;
+}
+
+/**
+ * The handed-out endpoint carries its slot under a symbol that is not enumerable: the object reads
+ * as the plain Endpoint data it copies (logs, equality, JSON), and release() finds the slot with
+ * one property load instead of a lookup by address, on every connection.
+ */
+const SLOT = Symbol('slot');
+
+function handleSlot(endpoint: Endpoint): Slot | undefined {
+  return (endpoint as Endpoint & { [SLOT]?: Slot })[SLOT];
+}
+
+function handleOf(endpoint: Endpoint, slot: Slot): Endpoint {
+  const handle: Endpoint = { ip: endpoint.ip, port: endpoint.port, addr: endpoint.addr };
+  if (endpoint.nodeName !== undefined) handle.nodeName = endpoint.nodeName;
+  return Object.defineProperty(handle, SLOT, { value: slot });
+}
 
 /** One client's sticky choice (upstream affinityState). */
 interface StickyEntry {
-  endpoint: Endpoint;
+  slot: Slot;
   /** clock.now() of the last connection that used the entry: the timeout slides from here. */
   lastUsed: number;
   /** When the endpoint was chosen (shared balancing: the newer choice wins between workers). */
@@ -18,8 +48,11 @@ interface StickyEntry {
 const DEFAULT_TOUCH_SHARE_MS = 1000;
 
 /**
- * Round-robin over a shuffled endpoint list, with optional client-IP affinity
- * (upstream pkg/proxy/userspace/roundrobin.go). One instance per proxied service port.
+ * The balancer of one proxied service port (upstream pkg/proxy/userspace/roundrobin.go, grown):
+ * round-robin over a shuffled endpoint list, or least-connections with ties taken round-robin,
+ * client-IP affinity on top, and passive health (outlier.ts) setting failing endpoints aside.
+ * One class rather than one per algorithm, so that a Service switching algorithm keeps its
+ * connection counts and its endpoints' health.
  *
  * Affinity policy and endpoints are independent fields, so the Service and its slices may arrive in
  * either order without one resetting the other (upstream re-created a default TTL when endpoints
@@ -32,23 +65,40 @@ const DEFAULT_TOUCH_SHARE_MS = 1000;
  * which every worker computes alike; and entries made, moved or in use are handed out
  * (takeStickyUpdates) for the siblings to merge, so a client keeps its endpoint across workers even
  * when the endpoint set changed after its first pick, and expires on the node's last use of it.
+ * Connection counts (least-connections) and passive health are per worker.
+ *
+ * Per pick, without affinity and with nothing set aside: an index step and a counter increment,
+ * no clock read, no allocation; per release a property load and a decrement. The endpoints handed
+ * out are the balancer's copies of those it was given (equal to them, not the same objects).
  */
 export class RoundRobinBalancer implements LoadBalancer {
   private readonly clock: Clock;
   private readonly random: RandomSource;
+  private readonly outlier: OutlierPolicy;
   private readonly shared: SharedBalancing | undefined;
   private readonly touchShareMs: number;
   private list: readonly Endpoint[] = [];
+  /** Parallel to `list`, whose entries are their handles. */
+  private slots: Slot[] = [];
+  /** Listed slots, and unlisted ones with connections (an endpoint that returns finds its counts). */
+  private readonly byAddr = new Map<string, Slot>();
   private index = 0;
+  private algorithm: BalancerAlgorithm = 'round-robin';
   private affinityType: AffinityType = 'None';
   private timeoutMs = DEFAULT_AFFINITY_TIMEOUT_SECONDS * 1000;
   private readonly sticky = new Map<string, StickyEntry>();
+  /** Listed slots set aside now, and the earliest time one of them is due back. */
+  private ejected = 0;
+  private nextReturn = Infinity;
+  /** Listed slots with failures in a row: while 0, a success report looks nothing up. */
+  private failing = 0;
   /** Client IPs whose entries the siblings have not heard of yet (shared balancing). */
   private readonly unshared = new Set<string>();
 
   constructor(deps: BalancerDeps) {
     this.clock = deps.clock;
     this.random = deps.random;
+    this.outlier = deps.outlier ?? DEFAULT_OUTLIER_POLICY;
     this.shared = deps.shared;
     this.touchShareMs = deps.shared?.touchShareMs ?? DEFAULT_TOUCH_SHARE_MS;
   }
@@ -70,9 +120,10 @@ export class RoundRobinBalancer implements LoadBalancer {
     const shared = this.shared;
     const items = [...byAddr.values()];
     if (shared) items.sort((x, y) => (x.addr < y.addr ? -1 : x.addr > y.addr ? 1 : 0));
-    this.list = shuffle(items, shared ? orderRandom(items, shared.seed) : this.random);
+    this.relist(shuffle(items, shared ? orderRandom(items, shared.seed) : this.random));
+    this.list = this.slots.map((s) => s.handle);
     this.index = shared && this.list.length > 0 ? shared.worker % this.list.length : 0;
-    this.dropStickyNotIn(byAddr);
+    this.dropStickyNotIn();
   }
 
   setAffinity(policy: AffinityPolicy): void {
@@ -88,11 +139,17 @@ export class RoundRobinBalancer implements LoadBalancer {
     this.timeoutMs = seconds * 1000;
   }
 
+  setAlgorithm(algorithm: BalancerAlgorithm): void {
+    this.algorithm = algorithm;
+  }
+
   nextEndpoint(clientIP: string, sessionAffinityReset: boolean): Endpoint | undefined {
-    if (this.list.length === 0) return undefined;
+    if (this.slots.length === 0) return undefined;
+    if (this.ejected > 0) this.returnDue();
     // Runs per connection: the None path must stay free of allocation.
-    if (this.affinityType === 'None') return this.advance();
-    return this.nextSticky(clientIP, sessionAffinityReset);
+    const slot = this.affinityType === 'None' ? this.pick() : this.pickSticky(clientIP, sessionAffinityReset);
+    slot.active++;
+    return slot.handle;
   }
 
   cleanupStaleStickySessions(): void {
@@ -103,8 +160,36 @@ export class RoundRobinBalancer implements LoadBalancer {
     }
   }
 
-  release(_endpoint: Endpoint): void {
-    // Round-robin keeps no per-endpoint load; the seam exists for least-connections.
+  release(endpoint: Endpoint): void {
+    const slot = this.slotOf(endpoint);
+    if (slot === undefined || slot.active === 0) return;
+    slot.active--;
+    if (slot.active === 0 && !slot.listed) this.byAddr.delete(slot.handle.addr);
+  }
+
+  reportDial(endpoint: Endpoint, ok: boolean): boolean {
+    if (ok) {
+      if (this.failing === 0) return false;
+      const slot = this.slotOf(endpoint);
+      if (slot !== undefined && slot.listed && slot.consecutiveFailures > 0) this.clearFailures(slot);
+      return false;
+    }
+    const policy = this.outlier;
+    if (policy.consecutiveFailures <= 0) return false;
+    const slot = this.slotOf(endpoint);
+    // Dials that were in flight when it was set aside, or when it left, change nothing.
+    if (slot === undefined || !slot.listed || slot.ejectedUntil !== 0) return false;
+    if (slot.consecutiveFailures++ === 0) this.failing++;
+    // Past the share, it stays failing: the next failure tries again, once another is back.
+    if (slot.consecutiveFailures < policy.consecutiveFailures || this.ejected >= maxEjected(policy, this.slots.length)) return false;
+    const now = this.clock.now();
+    const next = nextEjectionMs(policy, slot, now);
+    slot.ejections = next.ejections;
+    slot.ejectedUntil = now + next.ms;
+    this.ejected++;
+    this.nextReturn = Math.min(this.nextReturn, slot.ejectedUntil);
+    this.clearFailures(slot);
+    return true;
   }
 
   takeStickyUpdates(): StickyUpdate[] {
@@ -126,20 +211,20 @@ export class RoundRobinBalancer implements LoadBalancer {
     const now = this.clock.now();
     for (const u of updates) {
       // An endpoint this worker does not have (yet, or any more): its own endpoint set decides.
-      const ep = this.list.find((e) => e.addr === u.addr);
-      if (ep === undefined) continue;
+      const slot = this.byAddr.get(u.addr);
+      if (slot === undefined || !slot.listed) continue;
       const lastUsed = now - u.idleMs;
       const assignedAt = now - u.assignedAgoMs;
       const entry = this.sticky.get(u.clientIP);
       if (entry === undefined) {
-        if (!this.expired({ lastUsed }, now)) this.sticky.set(u.clientIP, { endpoint: ep, lastUsed, assignedAt, sharedAt: now });
+        if (!this.expired({ lastUsed }, now)) this.sticky.set(u.clientIP, { slot, lastUsed, assignedAt, sharedAt: now });
         continue;
       }
-      if (entry.endpoint.addr !== ep.addr) {
+      if (entry.slot !== slot) {
         // Two workers chose differently (a reset after a failed dial, or an endpoint set that
         // changed between their picks): the later choice wins on both.
         if (assignedAt <= entry.assignedAt) continue;
-        entry.endpoint = ep;
+        entry.slot = slot;
         entry.assignedAt = assignedAt;
       }
       if (lastUsed > entry.lastUsed) entry.lastUsed = lastUsed;
@@ -153,34 +238,87 @@ export class RoundRobinBalancer implements LoadBalancer {
     return out;
   }
 
-  private advance(): Endpoint {
-    const ep = this.list[this.index] as Endpoint; // precondition: list is not empty
-    this.index = (this.index + 1) % this.list.length;
-    return ep;
+  load(): EndpointLoad[] {
+    const now = this.ejected > 0 ? this.clock.now() : 0;
+    return this.slots.map((s) => ({ addr: s.handle.addr, active: s.active, setAsideMs: s.ejectedUntil > now ? s.ejectedUntil - now : 0 }));
   }
 
-  private nextSticky(clientIP: string, reset: boolean): Endpoint {
+  /**
+   * The slot of an endpoint handed out by this balancer, by one property load; any other object
+   * of the same address (a caller's own copy) is looked up by address.
+   */
+  private slotOf(endpoint: Endpoint): Slot | undefined {
+    const slot = handleSlot(endpoint);
+    return slot !== undefined && slot.owner === this ? slot : this.byAddr.get(endpoint.addr);
+  }
+
+  /** A fresh endpoint for a connection: precondition, the list is not empty. */
+  private pick(): Slot {
+    // Every endpoint set aside: all are used, no Service is emptied by passive health.
+    const all = this.ejected === 0 || this.ejected >= this.slots.length;
+    return this.algorithm === 'least-connections' ? this.leastConnections(all) : this.roundRobin(all);
+  }
+
+  private roundRobin(all: boolean): Slot {
+    const n = this.slots.length;
+    for (let k = 0; k < n; k++) {
+      const slot = this.slots[this.index] as Slot;
+      this.index = this.index + 1 === n ? 0 : this.index + 1;
+      if (all || slot.ejectedUntil === 0) return slot;
+    }
+    return this.slots[0] as Slot; // not reached: some slot is usable when not all are set aside
+  }
+
+  /**
+   * The usable endpoint with the fewest connections, looking from the round-robin index on, so
+   * that ties go round-robin. An endpoint with none ends the look: nothing can beat it.
+   */
+  private leastConnections(all: boolean): Slot {
+    const n = this.slots.length;
+    let best: Slot | undefined;
+    let bestAt = 0;
+    for (let k = 0, at = this.index; k < n; k++, at = at + 1 === n ? 0 : at + 1) {
+      const slot = this.slots[at] as Slot;
+      if (!all && slot.ejectedUntil !== 0) continue;
+      if (best === undefined || slot.active < best.active) {
+        best = slot;
+        bestAt = at;
+        if (slot.active === 0) break;
+      }
+    }
+    this.index = bestAt + 1 === n ? 0 : bestAt + 1;
+    return best ?? (this.slots[0] as Slot);
+  }
+
+  private pickSticky(clientIP: string, reset: boolean): Slot {
     const now = this.clock.now();
     const entry = this.sticky.get(clientIP);
-    if (entry !== undefined && !reset && !this.expired(entry, now)) {
+    if (entry !== undefined && !reset && !this.expired(entry, now) && this.usable(entry.slot)) {
       entry.lastUsed = now;
       if (this.shared !== undefined && now - entry.sharedAt >= this.touchShareMs) this.share(clientIP, entry, now);
-      return entry.endpoint;
+      return entry.slot;
     }
-    // A reset (the sticky endpoint failed to dial) or an expired entry: pick afresh and re-stick.
-    // Workers pick a new client's endpoint alike; a reset walks on down the client's ranking.
-    const ep = this.shared === undefined ? this.advance() : rendezvousPick(clientIP, this.list, this.shared.seed, reset ? entry?.endpoint.addr : undefined);
+    // A reset (the sticky endpoint failed to dial), an expired entry, or an endpoint set aside:
+    // pick afresh and re-stick. Workers pick a new client's endpoint alike (a reset walks on down
+    // the client's ranking), unless that one is set aside here.
+    const slot = this.freshPick(clientIP, reset ? entry?.slot.handle.addr : undefined);
     if (entry === undefined) {
-      const made = { endpoint: ep, lastUsed: now, assignedAt: now, sharedAt: now };
+      const made = { slot, lastUsed: now, assignedAt: now, sharedAt: now };
       this.sticky.set(clientIP, made);
       if (this.shared !== undefined) this.share(clientIP, made, now);
     } else {
-      entry.endpoint = ep;
+      entry.slot = slot;
       entry.lastUsed = now;
       entry.assignedAt = now;
       if (this.shared !== undefined) this.share(clientIP, entry, now);
     }
-    return ep;
+    return slot;
+  }
+
+  private freshPick(clientIP: string, avoid: string | undefined): Slot {
+    if (this.shared === undefined) return this.pick();
+    const ranked = this.slotOf(rendezvousPick(clientIP, this.list, this.shared.seed, avoid));
+    return ranked !== undefined && this.usable(ranked) ? ranked : this.pick();
   }
 
   /** Queue an entry for the siblings; the first one queued tells the worker there is news. */
@@ -191,16 +329,76 @@ export class RoundRobinBalancer implements LoadBalancer {
     if (wasEmpty) this.shared?.onStickyChange();
   }
 
+  private usable(slot: Slot): boolean {
+    return slot.ejectedUntil === 0 || this.ejected >= this.slots.length;
+  }
+
+  /** Takes back the endpoints whose time is up; reads the clock only while some are set aside. */
+  private returnDue(): void {
+    const now = this.clock.now();
+    if (now < this.nextReturn) return;
+    this.nextReturn = Infinity;
+    for (const slot of this.slots) {
+      if (slot.ejectedUntil === 0) continue;
+      if (slot.ejectedUntil <= now) {
+        slot.ejectedUntil = 0;
+        slot.returnedAt = now;
+        this.ejected--;
+      } else {
+        this.nextReturn = Math.min(this.nextReturn, slot.ejectedUntil);
+      }
+    }
+  }
+
+  private clearFailures(slot: Slot): void {
+    slot.consecutiveFailures = 0;
+    this.failing--;
+  }
+
   private expired(entry: Pick<StickyEntry, 'lastUsed'>, now: number): boolean {
     return now - entry.lastUsed >= this.timeoutMs;
   }
 
-  /** Clients whose endpoint left must re-balance; the rest follow their endpoint's new object. */
-  private dropStickyNotIn(current: ReadonlyMap<string, Endpoint>): void {
+  /**
+   * The slots of the new list, in its order: an endpoint that stays keeps its counts and health
+   * (with a handle of the new object's data; handles out earlier still find it); one that left
+   * keeps counting its connections until they are released, and is forgotten then; its health is
+   * forgotten at once.
+   */
+  private relist(endpoints: readonly Endpoint[]): void {
+    const current = new Set(endpoints.map((e) => e.addr));
+    for (const [addr, slot] of this.byAddr) {
+      if (current.has(addr)) continue;
+      slot.listed = false;
+      Object.assign(slot, freshOutlierState());
+      if (slot.active === 0) this.byAddr.delete(addr);
+    }
+    this.slots = endpoints.map((endpoint) => {
+      let slot = this.byAddr.get(endpoint.addr);
+      if (slot === undefined) {
+        slot = { handle: endpoint, owner: this, active: 0, listed: true, ...freshOutlierState() };
+        this.byAddr.set(endpoint.addr, slot);
+      }
+      slot.handle = handleOf(endpoint, slot);
+      slot.listed = true;
+      return slot;
+    });
+    this.ejected = 0;
+    this.failing = 0;
+    this.nextReturn = Infinity;
+    for (const slot of this.slots) {
+      if (slot.consecutiveFailures > 0) this.failing++;
+      if (slot.ejectedUntil !== 0) {
+        this.ejected++;
+        this.nextReturn = Math.min(this.nextReturn, slot.ejectedUntil);
+      }
+    }
+  }
+
+  /** Clients whose endpoint left must re-balance; the rest keep their slot (and its new handle). */
+  private dropStickyNotIn(): void {
     for (const [ip, entry] of this.sticky) {
-      const ep = current.get(entry.endpoint.addr);
-      if (ep === undefined) this.sticky.delete(ip);
-      else entry.endpoint = ep;
+      if (!entry.slot.listed) this.sticky.delete(ip);
     }
   }
 }
@@ -208,7 +406,7 @@ export class RoundRobinBalancer implements LoadBalancer {
 export const roundRobinFactory: BalancerFactory = (deps) => new RoundRobinBalancer(deps);
 
 function toUpdate(clientIP: string, entry: StickyEntry, now: number): StickyUpdate {
-  return { clientIP, addr: entry.endpoint.addr, idleMs: now - entry.lastUsed, assignedAgoMs: now - entry.assignedAt };
+  return { clientIP, addr: entry.slot.handle.addr, idleMs: now - entry.lastUsed, assignedAgoMs: now - entry.assignedAt };
 }
 
 /** Endpoints keyed by addr, first occurrence wins: a duplicate must not double an endpoint's share. */

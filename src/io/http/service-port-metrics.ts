@@ -56,6 +56,15 @@ export const SERVICE_PORT_FAMILIES: readonly Family[] = [
     only: 'UDP',
     samples: one((t) => t.udpDatagramsDropped),
   },
+  { name: 'kube_userspace_proxy_outlier_ejections_total', help: 'Endpoints set aside by passive health after consecutive failed dials (--outlier-*)', type: 'counter', samples: one((t) => t.outlierEjections) },
+  {
+    name: 'kube_userspace_proxy_held',
+    help: 'TCP connections held, or UDP datagrams queued, for want of endpoints now (annotation kube-userspace-proxy.io/hold-when-empty): demand waiting for the workload to scale up',
+    type: 'gauge',
+    samples: one((t) => t.held),
+  },
+  { name: 'kube_userspace_proxy_held_total', help: 'TCP connections held, and UDP datagrams queued, for want of endpoints', type: 'counter', samples: one((t) => t.heldTotal) },
+  { name: 'kube_userspace_proxy_hold_expired_total', help: 'Held TCP connections reset, and queued UDP datagrams dropped, because no endpoint came before the hold ran out', type: 'counter', samples: one((t) => t.holdExpired) },
   {
     name: 'kube_userspace_proxy_udp_receive_buffer_drops_total',
     help: 'UDP datagrams the kernel dropped because a listener\'s receive buffer was full (the drops column of /proc/net/udp, read at scrape time)',

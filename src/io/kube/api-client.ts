@@ -222,15 +222,29 @@ export class HttpKubeApi implements KubeApi {
         settled = true;
         resolve();
       });
-      res.on('error', (err) => fail(ex.failure() ?? networkError(path, err)));
+      res.on('error', (err) => fail(ex.failure() ?? networkError(`GET ${path}`, err)));
       res.on('close', () => {
         if (!res.complete) fail(ex.failure() ?? (signal.aborted ? signal.reason : new KubeApiError(`watch ${path}: the connection closed mid-stream`, 'Network')));
       });
     });
   }
 
-  /** Sends the GET; resolves with a 200 response, rejects with the Status of any other answer. */
-  private async open(path: string, query: Query, signal: AbortSignal, timeoutMs: number): Promise<Exchange> {
+  /**
+   * POST `body` as JSON to `path`, creating an object (an Event): the created object. Rejects with
+   * KubeApiError, or the abort reason.
+   */
+  async post(path: string, body: unknown, signal: AbortSignal): Promise<unknown> {
+    const ex = await this.open(path, {}, signal, this.requestTimeoutMs, JSON.stringify(body));
+    const text = await readAll(ex, 1024 * 1024);
+    return parseOrUndefined(text);
+  }
+
+  /**
+   * Sends the GET (or, with a body, the POST); resolves with a 200 response (or 201 Created),
+   * rejects with the Status of any other answer.
+   */
+  private async open(path: string, query: Query, signal: AbortSignal, timeoutMs: number, body?: string): Promise<Exchange> {
+    const method = body === undefined ? 'GET' : 'POST';
     const opts: RequestOptions = {};
     try {
       await this.kc.applyToHTTPSOptions(opts);
@@ -240,9 +254,10 @@ export class HttpKubeApi implements KubeApi {
     signal.throwIfAborted();
     const url = new URL(this.server + path);
     for (const [k, v] of Object.entries(query)) if (v !== undefined) url.searchParams.set(k, v);
-    const headers = { ...(opts.headers as Record<string, string> | undefined), Accept: 'application/json', 'User-Agent': this.userAgent };
+    const headers: Record<string, string> = { ...(opts.headers as Record<string, string> | undefined), Accept: 'application/json', 'User-Agent': this.userAgent };
+    if (body !== undefined) headers['Content-Type'] = 'application/json';
     const send = url.protocol === 'https:' ? httpsRequest : httpRequest;
-    const reqOpts: RequestOptions = { method: 'GET', agent: opts.agent, headers, signal };
+    const reqOpts: RequestOptions = { method, agent: opts.agent, headers, signal };
     if (opts.auth) reqOpts.auth = opts.auth;
     const req = send(url, reqOpts);
     // On every socket, a fresh one or one an agent reuses (applied once it connects).
@@ -250,27 +265,27 @@ export class HttpKubeApi implements KubeApi {
     let failure: Error | undefined;
     // Idle time on the socket: covers a connect that hangs, slow headers and a silent stream.
     req.setTimeout(timeoutMs, () => {
-      failure = new KubeApiError(`GET ${path}: no answer within ${Math.round(timeoutMs / 1000)}s`, 'Timeout');
+      failure = new KubeApiError(`${method} ${path}: no answer within ${Math.round(timeoutMs / 1000)}s`, 'Timeout');
       req.destroy(failure);
     });
     return new Promise<Exchange>((resolve, reject) => {
       req.on('error', (err) => {
-        failure ??= signal.aborted ? (signal.reason as Error) : networkError(path, err);
+        failure ??= signal.aborted ? (signal.reason as Error) : networkError(`${method} ${path}`, err);
         reject(failure);
       });
       req.on('response', (res) => {
         const ex: Exchange = { req, res, failure: () => failure };
-        if (res.statusCode === 200) {
+        if (res.statusCode === 200 || (method === 'POST' && res.statusCode === 201)) {
           resolve(ex);
           return;
         }
         const status = res.statusCode ?? 0;
         readAll(ex, 64 * 1024).then(
-          (text) => reject(statusError(parseOrUndefined(text), `GET ${path}`, status)),
-          () => reject(statusError(undefined, `GET ${path}`, status)),
+          (text) => reject(statusError(parseOrUndefined(text), `${method} ${path}`, status)),
+          () => reject(statusError(undefined, `${method} ${path}`, status)),
         );
       });
-      req.end();
+      req.end(body);
     });
   }
 }
@@ -296,9 +311,9 @@ function readAll(ex: Exchange, limit: number): Promise<string> {
   });
 }
 
-function networkError(path: string, err: unknown): KubeApiError {
+function networkError(request: string, err: unknown): KubeApiError {
   const code = errnoCode(err);
-  return new KubeApiError(`GET ${path}: ${code ?? (err instanceof Error ? err.message : String(err))}`, 'Network', { cause: err });
+  return new KubeApiError(`${request}: ${code ?? (err instanceof Error ? err.message : String(err))}`, 'Network', { cause: err });
 }
 
 function parseOrUndefined(text: string): unknown {

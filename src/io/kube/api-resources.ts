@@ -16,5 +16,11 @@ export const API_RESOURCES = {
   nodes: { group: '', version: 'v1', resource: 'nodes', verbs: ['get', 'list', 'watch'] },
 } as const satisfies Record<string, ApiResource>;
 
+/**
+ * What --emit-events writes (NeedPods Events, event-recorder.ts): granted only by the
+ * deploy/emit-events/ overlay, so it is not among the resources every proxy reads.
+ */
+export const EVENT_RESOURCE = { group: '', version: 'v1', resource: 'events', verbs: ['create'] } as const satisfies ApiResource;
+
 /** kube-proxy's label selector for Services and EndpointSlices it should program. */
 export const PROXY_LABEL_SELECTOR = '!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless';

@@ -23,3 +23,21 @@ export function isOutOfDescriptors(err: unknown): boolean {
   const code = errnoCode(err);
   return code === 'EMFILE' || code === 'ENFILE';
 }
+
+/**
+ * A failed dial that tells about the endpoint, for passive health: refused, timed out, reset, no
+ * route to it. The proxy's own troubles (out of descriptors or local ports) say nothing about it.
+ */
+export function isEndpointFault(err: unknown): boolean {
+  switch (errnoCode(err)) {
+    case 'ECONNREFUSED':
+    case 'ETIMEDOUT':
+    case 'ECONNRESET':
+    case 'EHOSTUNREACH':
+    case 'EHOSTDOWN':
+    case 'ENETUNREACH':
+      return true;
+    default:
+      return false;
+  }
+}

@@ -4,7 +4,7 @@ import type { Endpoint } from '../../core/model.js';
 import type { ServicePortStats } from '../../core/stats.js';
 import type { Logger } from '../../seams/logger.js';
 import type { Dialer, DialRequest } from '../../seams/dialer.js';
-import { dialFailureReason, isOutOfDescriptors } from './errno.js';
+import { dialFailureReason, isEndpointFault, isOutOfDescriptors } from './errno.js';
 
 /** What the connections of one service port share; built once by their TcpProxySocket. */
 export interface TcpConnectionContext {
@@ -21,12 +21,22 @@ export interface TcpConnectionContext {
   outOfDescriptors(err: unknown): void;
   /** Both sockets are closed and the books are closed: forget the connection. */
   released(conn: TcpConnection): void;
+  /**
+   * No endpoint at accept: may the connection wait for one (hold-when-empty, within its bounds)?
+   * True when it is held from now on: the socket calls leaveHold or expireHold later.
+   */
+  hold(conn: TcpConnection): boolean;
+  /** A held connection closed (cut by destroyAll): it is held no more. */
+  holdEnded(conn: TcpConnection): void;
 }
 
 /**
  * Where a connection is in its life. Every path ends in `closed`, and only there are the books
  * closed, once: when no dial is in flight and each socket it owns has emitted 'close'.
  *
+ * - `holding`: there was no endpoint at accept and the Service holds connections until one
+ *   appears (hold-when-empty). The client is paused as while dialing: nothing read, nothing
+ *   reset. Its socket calls leaveHold (endpoints appeared: dial) or expireHold (reset).
  * - `dialing`: an attempt is in flight. The client is paused (pauseOnConnect), its bytes wait in
  *   the kernel. The endpoint socket belongs to the dialer, 'error' events included, yet its reads
  *   already go to the client (onread): the endpoint may speak first. Whatever else it does before
@@ -38,7 +48,7 @@ export interface TcpConnectionContext {
  *   the hand-over, a bug): the client has been reset, and the connection waits for the closes.
  * - `closed`: released.
  */
-export type TcpConnectionPhase = 'dialing' | 'relaying' | 'ending' | 'closed';
+export type TcpConnectionPhase = 'holding' | 'dialing' | 'relaying' | 'ending' | 'closed';
 
 /**
  * One accepted client, from accept() to its endpoint and to the end (Envoy's tcp_proxy filter,
@@ -60,6 +70,13 @@ export class TcpConnection {
   private upstream: Socket | undefined;
   private attempt = 0;
   private dialStartedMs = 0;
+  /** performance.now() when the hold began. */
+  private heldSinceMs = 0;
+  /**
+   * Connected, and the endpoint has not answered yet: its first byte (or an orderly close) tells
+   * passive health it is fine; an error before that counts against it.
+   */
+  private unproven = false;
   /**
    * The endpoint-to-client read stopped because the client's buffer was full. The onread
    * callback stops the read without pausing the stream, so only this can tell; the client's
@@ -84,7 +101,8 @@ export class TcpConnection {
 
   /**
    * Start at accept. The first pick is synchronous, so a port without endpoints resets the client
-   * before any I/O. Precondition: the client was accepted paused (pauseOnConnect).
+   * before any I/O, or holds it (hold-when-empty). Precondition: the client was accepted paused
+   * (pauseOnConnect).
    */
   start(): void {
     const { ctx, client } = this;
@@ -101,12 +119,46 @@ export class TcpConnection {
     }
     const endpoint = ctx.balancer.nextEndpoint(this.clientIP, false);
     if (endpoint === undefined) {
+      if (ctx.hold(this)) {
+        this.phase = 'holding';
+        this.heldSinceMs = performance.now();
+        if (ctx.debugEnabled()) ctx.log().debug({ client: this.clientIP }, 'no endpoints: holding client');
+        return;
+      }
       ctx.stats.noEndpointRejects++;
       if (ctx.debugEnabled()) ctx.log().debug({ client: this.clientIP }, 'no endpoints: resetting client');
       this.end();
       return;
     }
     this.dial(endpoint);
+  }
+
+  /** performance.now() when the hold began (meaningful while holding). */
+  get heldSince(): number {
+    return this.heldSinceMs;
+  }
+
+  /**
+   * Endpoints appeared: pick and dial as at accept. Precondition: the socket no longer counts the
+   * connection as held. With still no endpoint (a pick raced a change), it is reset as at accept.
+   */
+  leaveHold(): void {
+    if (this.phase !== 'holding') return;
+    const endpoint = this.ctx.balancer.nextEndpoint(this.pickIP(), false);
+    if (endpoint === undefined) {
+      this.ctx.stats.noEndpointRejects++;
+      this.end();
+      return;
+    }
+    this.dial(endpoint);
+  }
+
+  /** The hold ran out: reset, as a connection without endpoints always was. Precondition: as leaveHold. */
+  expireHold(): void {
+    if (this.phase !== 'holding') return;
+    this.ctx.stats.holdExpired++;
+    if (this.ctx.debugEnabled()) this.ctx.log().debug({ client: this.clientIP }, 'no endpoints before the hold ran out: resetting client');
+    this.end();
   }
 
   /** Cut both sides with RST (the end of a shutdown grace period). */
@@ -175,6 +227,7 @@ export class TcpConnection {
     const failed = this.endpoint as Endpoint;
     this.endpoint = undefined;
     ctx.stats.dialFailures[dialFailureReason(err)]++;
+    if (isEndpointFault(err) && ctx.balancer.reportDial(failed, false)) ctx.stats.outlierEjections++;
     // Every endpoint handed out is handed back, so a least-connections balancer keeps true counts.
     ctx.balancer.release(failed);
     if (isOutOfDescriptors(err)) ctx.outOfDescriptors(err);
@@ -245,6 +298,9 @@ export class TcpConnection {
     const { ctx, client } = this;
     ctx.stats.observeDialLatency((performance.now() - this.dialStartedMs) / 1000);
     this.upstream = upstream;
+    // A dialer may have let the endpoint speak before resolving: then it has answered already.
+    if (upstream.bytesRead > 0) ctx.balancer.reportDial(this.endpoint as Endpoint, true);
+    else this.unproven = true;
     upstream.on('error', (err) => this.onEndpointError(err));
     // Closed meanwhile: its 'close' was the dialer's to see.
     this.upstreamClosed = upstream.closed;
@@ -287,11 +343,18 @@ export class TcpConnection {
    * 'drain' resumes it.
    */
   private fromEndpoint(bytes: number, buf: Uint8Array): boolean {
+    if (this.unproven) this.proven();
     const chunk = Buffer.allocUnsafe(bytes); // from Node's pool when small
     chunk.set(bytes === buf.length ? buf : buf.subarray(0, bytes));
     if (this.client.write(chunk)) return true;
     this.endpointReadStopped = true;
     return false;
+  }
+
+  /** The endpoint answered: passive health hears of it once per connection. */
+  private proven(): void {
+    this.unproven = false;
+    if (this.endpoint) this.ctx.balancer.reportDial(this.endpoint, true);
   }
 
   private onClientEnd(): void {
@@ -316,6 +379,11 @@ export class TcpConnection {
 
   private onEndpointError(err: Error): void {
     if (this.ctx.debugEnabled()) this.logError(err, 'endpoint');
+    // Reset (or timed out) before a byte: to passive health, as good as a failed dial.
+    if (this.unproven) {
+      this.unproven = false;
+      if (this.endpoint && this.ctx.balancer.reportDial(this.endpoint, false)) this.ctx.stats.outlierEjections++;
+    }
     resetSocket(this.client);
   }
 
@@ -338,8 +406,11 @@ export class TcpConnection {
   /** Close the books once no dial is in flight and every descriptor is gone. */
   private settle(): void {
     if (this.phase === 'dialing' || this.phase === 'closed' || !this.clientClosed || !this.upstreamClosed) return;
-    this.phase = 'closed';
     const { ctx, client, upstream, endpoint } = this;
+    if (this.phase === 'holding') ctx.holdEnded(this);
+    this.phase = 'closed';
+    // Closed without an error from the endpoint: it answered, if only with a FIN.
+    if (this.unproven) this.proven();
     ctx.stats.bytesToClient += client.bytesWritten;
     if (upstream) ctx.stats.bytesToEndpoint += upstream.bytesWritten;
     if (endpoint) ctx.balancer.release(endpoint);

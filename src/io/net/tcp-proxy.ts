@@ -11,6 +11,8 @@ import type { BoundAddress, ListenAddress, ProxySocket } from '../../seams/proxy
 import { systemClock } from '../../core/clock.js';
 import { RateLimiter } from '../../core/rate-limiter.js';
 import { TcpConnection, type TcpConnectionContext } from './tcp-connection.js';
+import { HoldBudget } from './hold-budget.js';
+import type { ProxyUnit } from '../../core/units.js';
 
 /** Upstream's endpointDialTimeout: one attempt per entry, each on a freshly picked endpoint. */
 export const DEFAULT_DIAL_TIMEOUTS_MS: readonly number[] = [250, 500, 1000, 2000];
@@ -38,6 +40,15 @@ export interface TcpProxySocketOptions {
    * the same addresses, and the kernel spreads new connections over them.
    */
   reusePort?: boolean;
+  /** Hold a connection this long while the port has no endpoints (hold-when-empty); 0 (the default) resets it at once. */
+  holdWhenEmptyMs?: number;
+  /** The bounds on held connections, shared by every port of the process. Default: one of its own. */
+  holdBudget?: HoldBudget;
+  /**
+   * A hold episode began: the first connection held while none was (demand for endpoints: the
+   * composition root turns it into a Kubernetes Event). Called synchronously; must not throw.
+   */
+  onHoldEpisode?: () => void;
 }
 
 /**
@@ -59,6 +70,11 @@ export class TcpProxySocket implements ProxySocket {
   private readonly ctx: TcpConnectionContext;
   private readonly listeners = new Map<string, { server: Server; bound: BoundAddress }>();
   private readonly conns = new Set<TcpConnection>();
+  /** Connections held for want of endpoints, oldest first. */
+  private readonly held = new Set<TcpConnection>();
+  private holdMs: number;
+  private readonly holdBudget: HoldBudget;
+  private readonly onHoldEpisode: (() => void) | undefined;
   private drainWaiters: (() => void)[] = [];
   private readonly fdWarnings = new RateLimiter(1000, systemClock.now);
   private readonly reusePort: boolean;
@@ -71,6 +87,9 @@ export class TcpProxySocket implements ProxySocket {
     this.keepAliveMs = opts.keepAliveMs ?? DEFAULT_TCP_KEEPALIVE_MS;
     this.idleTimeoutMs = opts.idleTimeoutMs ?? 0;
     this.backlog = opts.backlog ?? listenBacklog();
+    this.holdMs = opts.holdWhenEmptyMs ?? 0;
+    this.holdBudget = opts.holdBudget ?? new HoldBudget();
+    this.onHoldEpisode = opts.onHoldEpisode;
     this.ctx = {
       balancer: opts.balancer,
       dialer: opts.dialer,
@@ -80,6 +99,8 @@ export class TcpProxySocket implements ProxySocket {
       debugEnabled: () => this.parentLog.isLevelEnabled('debug'),
       outOfDescriptors: (err) => this.warnOutOfDescriptors(err, 'dial'),
       released: (conn) => this.released(conn),
+      hold: (conn) => this.hold(conn),
+      holdEnded: (conn) => this.holdEnded(conn),
     };
   }
 
@@ -144,8 +165,21 @@ export class TcpProxySocket implements ProxySocket {
     listener.server.close();
   }
 
+  /**
+   * Connections held for want of endpoints are reset: the port is gone or made anew, so no
+   * endpoint will reach them.
+   */
   async close(): Promise<void> {
     for (const bound of this.addresses()) await this.unlisten(bound);
+    for (const conn of this.held) {
+      this.holdEnded(conn);
+      conn.expireHold();
+    }
+  }
+
+  update(unit: ProxyUnit): void {
+    this.holdMs = unit.holdWhenEmptyMs ?? 0;
+    this.releaseHeld();
   }
 
   active(): number {
@@ -167,6 +201,7 @@ export class TcpProxySocket implements ProxySocket {
    * connection (the proxier's one coarse timer calls this).
    */
   sweep(nowMs: number): void {
+    if (this.held.size > 0) this.sweepHeld(nowMs);
     if (this.idleTimeoutMs <= 0 || nowMs < this.nextIdleCheckMs) return;
     this.nextIdleCheckMs = nowMs + Math.min(this.idleTimeoutMs / 10, 10_000);
     for (const conn of this.conns) conn.sweepIdle(nowMs, this.idleTimeoutMs);
@@ -178,6 +213,54 @@ export class TcpProxySocket implements ProxySocket {
     const conn = new TcpConnection(this.ctx, client);
     this.conns.add(conn);
     conn.start();
+  }
+
+  /** Within both bounds, and only while the Service asks for it: otherwise reset at once, as ever. */
+  private hold(conn: TcpConnection): boolean {
+    const budget = this.holdBudget;
+    if (this.holdMs <= 0 || this.held.size >= budget.maxPerServicePort || budget.held >= budget.maxPerNode) return false;
+    this.held.add(conn);
+    budget.held++;
+    this.stats.held++;
+    this.stats.heldTotal++;
+    if (this.held.size === 1) this.onHoldEpisode?.();
+    return true;
+  }
+
+  private holdEnded(conn: TcpConnection): void {
+    if (!this.held.delete(conn)) return;
+    this.holdBudget.held--;
+    this.stats.held--;
+  }
+
+  /** Endpoints appeared: every held connection is dialed, in the order they came. */
+  private releaseHeld(): void {
+    if (this.held.size === 0) return;
+    if (this.ctx.balancer.endpoints.length === 0) {
+      // The Service no longer asks for holding: as if it never had.
+      if (this.holdMs <= 0) this.sweepHeld(Infinity);
+      return;
+    }
+    for (const conn of this.held) {
+      this.holdEnded(conn);
+      conn.leaveHold();
+    }
+  }
+
+  /**
+   * From the coarse sweep: the hold ran out for the oldest ones. Endpoints that came without an
+   * update (none is expected) are caught up with here too.
+   */
+  private sweepHeld(nowMs: number): void {
+    if (this.ctx.balancer.endpoints.length > 0) {
+      this.releaseHeld();
+      return;
+    }
+    for (const conn of this.held) {
+      if (nowMs - conn.heldSince < this.holdMs) break; // oldest first: the rest are younger
+      this.holdEnded(conn);
+      conn.expireHold();
+    }
   }
 
   private released(conn: TcpConnection): void {

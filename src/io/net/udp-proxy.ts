@@ -13,12 +13,29 @@ import { RateLimiter } from '../../core/rate-limiter.js';
 import { UdpReceiveBuffers } from './udp-receive-buffers.js';
 import { clientKey, type UdpListener, type UdpSession } from './udp-session.js';
 import { SessionOrder } from './udp-session-order.js';
+import type { ProxyUnit } from '../../core/units.js';
 
 /** kube-proxy's --udp-timeout default. */
 export const DEFAULT_UDP_IDLE_TIMEOUT_MS = 250;
 export const DEFAULT_UDP_MAX_SESSIONS = 4096;
 /** Datagrams held per session while its socket connects (a few event-loop ticks at most). */
 const MAX_PENDING_DATAGRAMS = 64;
+/**
+ * Datagrams queued per service port while it has no endpoints and holds (hold-when-empty): enough
+ * for the retries of a few clients' DNS-like exchanges, not a buffer for a stream.
+ */
+export const MAX_HELD_DATAGRAMS = 256;
+export const MAX_HELD_DATAGRAM_BYTES = 1024 * 1024;
+
+/** A datagram that came while there were no endpoints, waiting for one. */
+interface HeldDatagram {
+  listener: UdpListener;
+  msg: Buffer;
+  address: string;
+  port: number;
+  /** performance.now() when it came. */
+  at: number;
+}
 
 export interface UdpProxySocketOptions {
   /** The service port key, for logs. */
@@ -39,6 +56,10 @@ export interface UdpProxySocketOptions {
    * the worker that holds its session.
    */
   reusePort?: boolean;
+  /** Queue datagrams this long while the port has no endpoints (hold-when-empty); 0 (the default) drops them. */
+  holdWhenEmptyMs?: number;
+  /** A hold episode began: the first datagram queued while none was (see TcpProxySocketOptions). */
+  onHoldEpisode?: () => void;
 }
 
 /**
@@ -64,6 +85,10 @@ export class UdpProxySocket implements ProxySocket {
   private readonly order = new SessionOrder();
   private readonly receiveBuffers: UdpReceiveBuffers;
   private sessionCount = 0;
+  private holdMs: number;
+  private held: HeldDatagram[] = [];
+  private heldBytes = 0;
+  private readonly onHoldEpisode: (() => void) | undefined;
   private drainWaiters: (() => void)[] = [];
   private readonly reclaimWarnings = new RateLimiter(1000, systemClock.now);
   private readonly fdWarnings = new RateLimiter(1000, systemClock.now);
@@ -79,6 +104,8 @@ export class UdpProxySocket implements ProxySocket {
     this.idleTimeoutMs = opts.idleTimeoutMs ?? DEFAULT_UDP_IDLE_TIMEOUT_MS;
     this.maxSessions = Math.max(1, opts.maxSessions ?? DEFAULT_UDP_MAX_SESSIONS);
     this.receiveBuffers = opts.receiveBuffers ?? new UdpReceiveBuffers({ logger: opts.logger });
+    this.holdMs = opts.holdWhenEmptyMs ?? 0;
+    this.onHoldEpisode = opts.onHoldEpisode;
   }
 
   /** Made on first use, as in TcpProxySocket: most service ports never log. */
@@ -126,6 +153,7 @@ export class UdpProxySocket implements ProxySocket {
     if (!listener) return; // already gone is not a failure
     this.listeners.delete(key);
     for (const session of listener.sessions.values()) this.endSession(session);
+    if (this.held.length > 0) this.dropHeld((d) => d.listener === listener, false);
     this.receiveBuffers.unwatch(listener.socket);
     closeQuietly(listener.socket);
   }
@@ -154,9 +182,15 @@ export class UdpProxySocket implements ProxySocket {
    * least recently active on, up to the first that is not idle: no session behind it can be.
    */
   sweep(nowMs: number): void {
+    if (this.held.length > 0) this.sweepHeld(nowMs);
     for (let s = this.order.oldest(); s !== undefined && nowMs - s.lastActivity >= this.idleTimeoutMs; s = this.order.oldest()) {
       this.endSession(s);
     }
+  }
+
+  update(unit: ProxyUnit): void {
+    this.holdMs = unit.holdWhenEmptyMs ?? 0;
+    if (this.held.length > 0) this.sweepHeld(performance.now());
   }
 
   private onClientDatagram(listener: UdpListener, msg: Buffer, rinfo: RemoteInfo): void {
@@ -168,9 +202,22 @@ export class UdpProxySocket implements ProxySocket {
       this.stats.udpDatagramsDropped++;
       return;
     }
-    const key = clientKey(rinfo.address, rinfo.port);
-    const session = listener.sessions.get(key) ?? this.openSession(listener, key, rinfo);
-    if (session === undefined) return; // dropped: no endpoints
+    this.forward(listener, msg, rinfo.address, rinfo.port);
+  }
+
+  private forward(listener: UdpListener, msg: Buffer, address: string, port: number): void {
+    const key = clientKey(address, port);
+    const session = listener.sessions.get(key) ?? this.openSession(listener, key, address, port);
+    if (session === null) {
+      this.stats.udpDatagramsDropped++; // its socket failed at once
+      return;
+    }
+    if (session === undefined) {
+      if (this.hold(listener, msg, address, port)) return;
+      this.stats.noEndpointRejects++;
+      if (this.debugEnabled()) this.log.debug({ client: address }, 'no endpoints: datagram dropped');
+      return;
+    }
     this.markActive(session);
     if (session.pending === undefined) {
       session.socket.send(msg);
@@ -188,37 +235,96 @@ export class UdpProxySocket implements ProxySocket {
     this.order.touch(session);
   }
 
-  private openSession(listener: UdpListener, key: string, rinfo: RemoteInfo): UdpSession | undefined {
-    const reset = listener.refused.delete(key);
-    const endpoint = this.balancer.nextEndpoint(rinfo.address, reset);
-    if (endpoint === undefined) {
-      this.stats.noEndpointRejects++;
-      if (this.debugEnabled()) this.log.debug({ client: rinfo.address }, 'no endpoints: datagram dropped');
-      return undefined;
-    }
-    if (this.sessionCount >= this.maxSessions) this.reclaimLeastRecentlyActive();
+  /**
+   * Undefined when there is no endpoint (a refused client keeps its reset for the next try), null
+   * when the session's socket failed at once (ended already).
+   */
+  private openSession(listener: UdpListener, key: string, address: string, port: number): UdpSession | undefined | null {
+    const reset = listener.refused.has(key);
+    if (this.sessionCount >= this.maxSessions && this.balancer.endpoints.length > 0) this.reclaimLeastRecentlyActive();
+    const endpoint = this.balancer.nextEndpoint(address, reset);
+    if (endpoint === undefined) return undefined;
+    if (reset) listener.refused.delete(key);
     const socket = createSocket({ type: isIPv6(endpoint.ip) ? 'udp6' : 'udp4' });
     const session: UdpSession = {
       key,
       listener,
-      clientAddress: rinfo.address,
-      clientPort: rinfo.port,
+      clientAddress: address,
+      clientPort: port,
       endpoint,
       socket,
       lastActivity: performance.now(),
+      unproven: true,
       pending: [],
       closed: false,
       older: undefined,
       newer: undefined,
     };
-    this.wireSession(session);
+    // Counted before anything can fail: from here endSession, and only it, releases the endpoint.
     listener.sessions.set(key, session);
     this.order.append(session);
     this.sessionCount++;
     this.stats.udpSessionsActive++;
     this.stats.udpSessionsCreated++;
+    try {
+      this.wireSession(session);
+    } catch (err) {
+      this.onSessionError(session, err instanceof Error ? err : new Error(String(err)));
+      return null;
+    }
     if (this.debugEnabled()) this.log.debug({ client: key, endpoint: endpoint.addr, reset }, 'udp session opened');
     return session;
+  }
+
+  /** No endpoints: queue the datagram if the Service holds (within the bounds), else it is dropped. */
+  private hold(listener: UdpListener, msg: Buffer, address: string, port: number): boolean {
+    if (this.holdMs <= 0 || this.held.length >= MAX_HELD_DATAGRAMS || this.heldBytes + msg.length > MAX_HELD_DATAGRAM_BYTES) return false;
+    this.held.push({ listener, msg, address, port, at: performance.now() });
+    this.heldBytes += msg.length;
+    this.stats.held++;
+    this.stats.heldTotal++;
+    if (this.held.length === 1) this.onHoldEpisode?.();
+    return true;
+  }
+
+  /**
+   * From the coarse sweep and at updates: with endpoints, the queue goes out in the order it came;
+   * without, what waited longer than the hold (or everything, once the Service stops holding) is
+   * dropped.
+   */
+  private sweepHeld(nowMs: number): void {
+    if (this.balancer.endpoints.length > 0) {
+      const held = this.held;
+      this.held = [];
+      this.heldBytes = 0;
+      this.stats.held -= held.length;
+      for (const d of held) {
+        // Its listener closed meanwhile: a reply could not reach the client.
+        if (this.listeners.get(hostPort(d.listener.bound)) !== d.listener) this.stats.udpDatagramsDropped++;
+        else this.forward(d.listener, d.msg, d.address, d.port);
+      }
+      return;
+    }
+    const holdMs = this.holdMs;
+    this.dropHeld((d) => holdMs <= 0 || nowMs - d.at >= holdMs, true);
+  }
+
+  private dropHeld(drop: (d: HeldDatagram) => boolean, expired: boolean): void {
+    const kept: HeldDatagram[] = [];
+    let bytes = 0;
+    for (const d of this.held) {
+      if (!drop(d)) {
+        kept.push(d);
+        bytes += d.msg.length;
+      } else if (expired) {
+        this.stats.holdExpired++;
+      } else {
+        this.stats.udpDatagramsDropped++;
+      }
+    }
+    this.stats.held -= this.held.length - kept.length;
+    this.held = kept;
+    this.heldBytes = bytes;
   }
 
   /**
@@ -252,6 +358,10 @@ export class UdpProxySocket implements ProxySocket {
     // Ended already (a datagram read in the same batch): it has no client to go to, and a session
     // out of the order must not be touched.
     if (session.closed) return;
+    if (session.unproven) {
+      session.unproven = false;
+      this.balancer.reportDial(session.endpoint, true);
+    }
     this.markActive(session);
     this.stats.bytesToClient += msg.length;
     session.listener.socket.send(msg, session.clientPort, session.clientAddress);
@@ -262,6 +372,7 @@ export class UdpProxySocket implements ProxySocket {
     if (session.closed) return;
     if (errnoCode(err) === 'ECONNREFUSED') {
       this.rememberRefused(session);
+      if (this.balancer.reportDial(session.endpoint, false)) this.stats.outlierEjections++;
       if (this.debugEnabled()) this.log.debug({ client: session.key, endpoint: session.endpoint.addr }, 'endpoint refused: udp session ended');
     } else if (isOutOfDescriptors(err)) {
       const held = this.fdWarnings.take();

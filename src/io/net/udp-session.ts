@@ -25,6 +25,8 @@ export interface UdpSession {
   readonly socket: DgramSocket;
   /** performance.now() of the last datagram either way: the idle sweep reads only this. */
   lastActivity: number;
+  /** No reply from the endpoint yet: the first one tells passive health it answers. */
+  unproven: boolean;
   /** Datagrams that came before the socket finished connecting; undefined once connected. */
   pending: Buffer[] | undefined;
   closed: boolean;
