@@ -1,4 +1,4 @@
-import { mkdtemp, mkdir, rename, rm, symlink, writeFile } from 'node:fs/promises';
+import { mkdtemp, mkdir, open, rename, rm, symlink, writeFile } from 'node:fs/promises';
 import { appendFileSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -237,6 +237,53 @@ describe('FileSource', () => {
     expect(sink.last()).toEqual({ services: ['a', 'c'], slices: ['a-abcde', 'c-abcde'] });
     expect(sink.calls.replace).toBe(1);
     expect(sink.calls.delete).toBe(2);
+  });
+
+  describe('a whole file rewritten with a few objects changed', () => {
+    /** 300 Services with a slice each, as kubectl prints them (pretty, 4-space indent) or on one line; `moved` slices point elsewhere. */
+    const big = (formatting: 'pretty' | 'compact', moved: readonly number[] = []): string => {
+      const items: unknown[] = [];
+      for (let i = 0; i < 300; i++) {
+        const on = moved.includes(i);
+        items.push(service({ name: `s${i}`, ports: [{ name: 'http', port: 80 }] }));
+        items.push(endpointSlice({ service: `s${i}`, ports: [{ name: 'http', port: 8080 }], endpoints: [{ ip: on ? '10.0.1.2' : '10.0.0.1' }], resourceVersion: on ? '2' : '1' }));
+      }
+      const doc = { apiVersion: 'v1', items, kind: 'List', metadata: { resourceVersion: '' } };
+      return formatting === 'pretty' ? `${JSON.stringify(doc, null, 4)}\n` : JSON.stringify(doc);
+    };
+
+    for (const formatting of ['pretty', 'compact'] as const) {
+      it(`applies only the three objects a script changed, rewriting the file by rename (${formatting})`, async () => {
+        const { dir, path, source, sink } = await setup({ initial: big(formatting) });
+        await source.start(sink);
+        const tmp = join(dir, '.state.json.tmp');
+        await writeFile(tmp, big(formatting, [10, 150, 290]));
+        await rename(tmp, path);
+        await waitFor(() => sink.applied.length === 2, 'the rewrite to be applied');
+        expect(sink.calls).toEqual({ replace: 1, upsert: 3, delete: 0 });
+      });
+
+      it(`applies the one changed endpoint of a file written in place, emptied first as a shell's > does (${formatting})`, async () => {
+        const { path, source, sink, lines } = await setup({ initial: big(formatting) });
+        await source.start(sink);
+        const text = big(formatting, [42]);
+        // Cut just after a quote: a document still being written, as a reader may catch it.
+        const cut = text.indexOf('"', text.length / 2) + 1;
+        const fh = await open(path, 'w');
+        try {
+          // Empty long enough to be reported, then half of it, then the rest: each read in between is refused.
+          await waitFor(() => lines.some((l) => l.msg.includes('state file is empty')), 'the empty file to be reported');
+          await fh.write(text.slice(0, cut));
+          await waitFor(() => lines.some(isDeferral), 'the first half to be read and put off');
+          await fh.write(text.slice(cut));
+        } finally {
+          await fh.close();
+        }
+        await waitFor(() => sink.applied.length === 2, 'the rewrite to be applied');
+        expect(sink.calls).toEqual({ replace: 1, upsert: 1, delete: 0 });
+        expect(lines.filter((l) => l.level >= ERROR)).toEqual([]);
+      });
+    }
   });
 
   it('takes a YAML file written in two steps in its final form only, after a quiet spell', async () => {

@@ -132,10 +132,21 @@ function* versions(seed: number, count: number): Generator<string> {
   for (let v = 0; v < count; v++) {
     const r = rand();
     const at = Math.floor(rand() * (items.length + 1));
-    if (r < 0.3 && items.length > 0) {
+    if (r < 0.2 && items.length > 0) {
       // Change one field of one object (the common edit: an endpoint moves).
       const item = items[Math.min(at, items.length - 1)] as Obj;
       items = items.map((o) => (o === item ? { ...item, metadata: { ...(item.metadata as Obj), resourceVersion: `${v}-${rand()}` } } : o));
+    } else if (r < 0.3 && items.length > 0) {
+      // A script's rewrite of the whole file: several objects changed, added or removed here and there.
+      const edits = 1 + Math.floor(rand() * 5);
+      for (let e = 0; e < edits; e++) {
+        const i = Math.floor(rand() * (items.length + 1));
+        const what = rand();
+        if (what < 0.6 && i < items.length) items[i] = { ...(items[i] as Obj), metadata: { ...((items[i] as Obj).metadata as Obj), resourceVersion: `${v}-${e}` } };
+        else if (what < 0.8) items.splice(i, 0, randomItem(rand, 2000 + v * 10 + e));
+        else if (i < items.length) items.splice(i, 1);
+      }
+      items = [...items];
     } else if (r < 0.45) {
       items = [...items.slice(0, at), randomItem(rand, 1000 + v), ...items.slice(at)];
     } else if (r < 0.6 && items.length > 0) {
@@ -172,7 +183,9 @@ describe('ManifestReader', () => {
     let deltas = 0;
     let fulls = 0;
     let refused = 0;
+    let unaccepted = 0;
     for (const seed of [1, 2, 3, 4, 5, 6]) {
+      const rand = seeded(seed + 100);
       const reader = new ManifestReader(FILE);
       const model = new Model();
       let lastGood: Model | undefined;
@@ -189,7 +202,15 @@ describe('ManifestReader', () => {
           refused++;
           continue;
         }
-        const change = reader.read(Buffer.from(text));
+        const read = reader.diff(Buffer.from(text));
+        // A read the caller does not accept (the file source refusing it) changes nothing: the
+        // next one is compared with the last accepted version.
+        if (read !== undefined && rand() < 0.1) {
+          unaccepted++;
+          continue;
+        }
+        read?.accept();
+        const change = read?.change;
         if (change?.kind === 'delta') deltas++;
         if (change?.kind === 'full') fulls++;
         if (change !== undefined) model.apply(change);
@@ -202,6 +223,7 @@ describe('ManifestReader', () => {
     expect(deltas).toBeGreaterThan(500);
     expect(fulls).toBeGreaterThan(50);
     expect(refused).toBeGreaterThan(50);
+    expect(unaccepted).toBeGreaterThan(50);
   });
 
   it('hands on only the object an edit touched, in a large List', () => {
@@ -224,6 +246,23 @@ describe('ManifestReader', () => {
     expect(reader.read(Buffer.from(JSON.stringify(doc)))).toMatchObject({ kind: 'delta', deleteEndpointSlices: [{ namespace: 'default', name: 's1999-abcde' }] });
     items.shift();
     expect(reader.read(Buffer.from(JSON.stringify(doc)))).toMatchObject({ kind: 'delta', deleteServices: [{ namespace: 'default', name: 's0' }], upsertServices: [] });
+  });
+
+  it('hands on only what a whole rewrite changed, however scattered: edits, an insertion and a removal', () => {
+    const items: Obj[] = [];
+    for (let i = 0; i < 1000; i++) items.push(endpointSlice({ service: `s${i}`, ports: [{ port: 8080 }], endpoints: [{ ip: '10.0.0.1' }] }));
+    const text = (): Buffer => Buffer.from(JSON.stringify({ apiVersion: 'v1', items, kind: 'List', metadata: { resourceVersion: '' } }, null, 4));
+    const reader = new ManifestReader(FILE);
+    expect(reader.read(text())?.kind).toBe('full');
+    for (const i of [3, 400, 998]) items[i] = endpointSlice({ service: `s${i}`, ports: [{ port: 8080 }], endpoints: [{ ip: '10.0.0.9' }] });
+    items.splice(700, 0, endpointSlice({ service: 'new', ports: [{ port: 8080 }], endpoints: [{ ip: '10.0.0.5' }] }));
+    items.splice(100, 1);
+    const change = reader.read(text());
+    expect(change?.kind).toBe('delta');
+    if (change?.kind !== 'delta') return;
+    expect(change.upsertEndpointSlices.map((s) => s.metadata?.name).sort()).toEqual(['new-abcde', 's3-abcde', 's400-abcde', 's998-abcde']);
+    expect(change.deleteEndpointSlices).toEqual([{ namespace: 'default', name: 's100-abcde' }]);
+    expect(change.endpointSlices).toBe(1000);
   });
 
   it('reads items of a typed list with the kind the list implies, also in a delta', () => {

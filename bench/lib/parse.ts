@@ -150,3 +150,20 @@ export function parseProcStat(text: string): { ppid: number; ticks: number } {
 export function parseVmRss(text: string): number {
   return num('/proc/<pid>/status', 'VmRSS', text, /VmRSS:\s+(\d+) kB/) * 1024;
 }
+
+/**
+ * /proc/net/netstat or /proc/net/snmp: pairs of lines, names then values, each led by its group
+ * (`TcpExt:`). Keys are `Group.Name` (`TcpExt.ListenOverflows`).
+ */
+export function parseNetstat(text: string): Record<string, number> {
+  const out: Record<string, number> = {};
+  const lines = text.split('\n').filter((l) => l.trim() !== '');
+  for (let i = 0; i + 1 < lines.length; i += 2) {
+    const names = (lines[i] as string).trim().split(/\s+/);
+    const values = (lines[i + 1] as string).trim().split(/\s+/);
+    const group = names[0]?.replace(/:$/, '');
+    if (group === undefined || values[0] !== names[0]) throw new ParseError('/proc/net/netstat', 'name and value lines in pairs', text);
+    for (let k = 1; k < names.length; k++) out[`${group}.${names[k] as string}`] = Number(values[k]);
+  }
+  return out;
+}

@@ -15,13 +15,32 @@ import { UsageError } from './errors.js';
 
 export type IPFamily = 4 | 6;
 
-const OCTET = /^(?:0|[1-9]\d{0,2})$/;
 const HEXTET = /^[0-9a-fA-F]{1,4}$/;
+const DOT = 0x2e;
+const ZERO = 0x30;
+const NINE = 0x39;
 
+/**
+ * Four decimal octets, each `0` or 1-3 digits without a leading zero, at most 255. A loop over
+ * the characters rather than split() and a regex per octet: every endpoint address of every
+ * slice passes here, 100,000 of them at 10,000 Services.
+ */
 export function isIPv4(s: string): boolean {
-  const parts = s.split('.');
-  if (parts.length !== 4) return false;
-  return parts.every((p) => OCTET.test(p) && Number(p) <= 255);
+  let i = 0;
+  for (let octet = 0; octet < 4; octet++) {
+    if (octet > 0) {
+      if (s.charCodeAt(i) !== DOT) return false;
+      i++;
+    }
+    const start = i;
+    let value = 0;
+    for (let c = s.charCodeAt(i); c >= ZERO && c <= NINE; c = s.charCodeAt(++i)) {
+      value = value * 10 + (c - ZERO);
+      if (i - start === 3) return false;
+    }
+    if (i === start || value > 255 || (i - start > 1 && s.charCodeAt(start) === ZERO)) return false;
+  }
+  return i === s.length;
 }
 
 export function isIPv6(s: string): boolean {

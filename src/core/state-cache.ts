@@ -48,9 +48,9 @@ export class StateCache {
 
   private storeService(obj: V1Service): number {
     const svc = withNamespace(obj);
+    if (this.isStored(this.services, svc)) return 0;
     if (!this.admit(this.services, svc, validateService)) return 0;
     const key = keyOf(svc);
-    if (isSameVersion(this.services.objects.get(key), svc)) return 0;
     this.services.objects.set(key, svc);
     this.dirty.add(key);
     return 1;
@@ -70,10 +70,10 @@ export class StateCache {
 
   private storeEndpointSlice(obj: V1EndpointSlice): number {
     const slice = withNamespace(obj);
+    if (this.isStored(this.slices, slice)) return 0;
     if (!this.admit(this.slices, slice, validateEndpointSlice)) return 0;
     const key = keyOf(slice);
     const old = this.slices.objects.get(key);
-    if (isSameVersion(old, slice)) return 0;
     if (old !== undefined) this.unindex(key, old);
     this.slices.objects.set(key, slice);
     const svcKey = serviceKeyOf(slice);
@@ -180,6 +180,21 @@ export class StateCache {
   }
 
   /**
+   * Whether this very version is stored already. Asked before validating: a re-read file or a
+   * relist hands over every object again, nearly all unchanged, and the stored version passed
+   * validation when it came in. The comparison is safe before validation because it walks only
+   * as deep as the stored (validated) object goes. A valid object clears any problem record, as
+   * admit() does.
+   */
+  private isStored<T extends Meta>(store: Store<T>, obj: T): boolean {
+    if (typeof obj !== 'object' || obj === null) return false;
+    const key = keyOf(obj);
+    if (!isSameVersion(store.objects.get(key), obj)) return false;
+    store.reported.delete(key);
+    return true;
+  }
+
+  /**
    * Validates; reports each problem once per object version (a resync or a re-read file sends the
    * same bad object again and again). A valid object clears the record.
    */
@@ -246,7 +261,9 @@ function versionOf(obj: Meta, problems: readonly ObjectProblem[]): string {
 /**
  * Different resourceVersions mean a change (cheap test first). Equal ones are confirmed by
  * content: a hand-edited file keeps the resourceVersion it was copied with from kubectl, so an
- * equal resourceVersion alone would hide the edit.
+ * equal resourceVersion alone would hide the edit. (The file reader passes on only objects whose
+ * text changed, so for a file this comparison runs on the few objects an edit touched; a relist
+ * or a whole re-read runs it on every object.)
  */
 function isSameVersion(old: Meta | undefined, obj: Meta): boolean {
   if (old === undefined) return false;
@@ -256,16 +273,34 @@ function isSameVersion(old: Meta | undefined, obj: Meta): boolean {
   return deepEqual(old, obj);
 }
 
-/** Recursive: callers compare validated objects, whose nesting validate.ts bounds (MAX_DEPTH). */
+/**
+ * Structural equality, a missing key equal to an undefined one. Recursion as deep as `a` nests:
+ * callers pass a stored object as `a`, whose nesting validate.ts bounds (MAX_DEPTH). Loops
+ * without allocation: a relist compares every object.
+ */
 export function deepEqual(a: unknown, b: unknown): boolean {
   if (a === b) return true;
+  if (typeof a !== 'object' || typeof b !== 'object' || a === null || b === null) return false;
   if (a instanceof Date || b instanceof Date) {
     return a instanceof Date && b instanceof Date && a.getTime() === b.getTime();
   }
-  if (typeof a !== 'object' || typeof b !== 'object' || a === null || b === null) return false;
-  if (Array.isArray(a) !== Array.isArray(b)) return false;
-  const ka = Object.keys(a).filter((k) => (a as Record<string, unknown>)[k] !== undefined);
-  const kb = Object.keys(b).filter((k) => (b as Record<string, unknown>)[k] !== undefined);
-  if (ka.length !== kb.length) return false;
-  return ka.every((k) => deepEqual((a as Record<string, unknown>)[k], (b as Record<string, unknown>)[k]));
+  const arrayA = Array.isArray(a);
+  if (arrayA !== Array.isArray(b)) return false;
+  if (arrayA) {
+    const x = a as unknown[];
+    const y = b as unknown[];
+    if (x.length !== y.length) return false;
+    for (let i = 0; i < x.length; i++) if (!deepEqual(x[i], y[i])) return false;
+    return true;
+  }
+  const x = a as Record<string, unknown>;
+  const y = b as Record<string, unknown>;
+  let defined = 0;
+  for (const k in x) {
+    if (!Object.hasOwn(x, k) || x[k] === undefined) continue;
+    defined++;
+    if (!Object.hasOwn(y, k) || !deepEqual(x[k], y[k])) return false;
+  }
+  for (const k in y) if (Object.hasOwn(y, k) && y[k] !== undefined) defined--;
+  return defined === 0;
 }

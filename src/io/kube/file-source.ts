@@ -2,22 +2,22 @@ import { watch, watchFile, unwatchFile, type FSWatcher, type Stats } from 'node:
 import { open, readlink } from 'node:fs/promises';
 import { performance } from 'node:perf_hooks';
 import { basename, dirname, join, relative, resolve, sep } from 'node:path';
+import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
 import type { StateSink } from '../../seams/state-sink.js';
 import { problemString, type ObjectProblem } from '../../core/model.js';
 import { validateEndpointSlice, validateService } from '../../core/validate.js';
 import { errnoCode, ProxyError } from '../../core/errors.js';
 import type { Logger } from '../../seams/logger.js';
 import { Backoff, type BackoffOptions } from '../../core/backoff.js';
-import { startsLikeJson } from './json-list-scan.js';
-import type { Manifest } from './manifest.js';
-import { ManifestReader, type ManifestChange } from './manifest-reader.js';
+import { endsLikeJson, startsLikeJson } from './json-list-scan.js';
+import { ManifestReader, type ManifestChange, type ManifestRead } from './manifest-reader.js';
 
 /**
  * Services and EndpointSlices from a file (see manifest.ts for what it may hold), re-read when
  * it changes. A successful read brings the state in line with the file: a JSON list edited in
  * its items passes on only the objects that changed (manifest-reader.ts), anything else replaces
  * the whole state. A read that fails (missing file, syntax error) changes nothing, so the last
- * good state stays in force.
+ * good state stays in force, and the next read is compared with the last version applied.
  *
  * A file that parses but holds no Service or EndpointSlice (`{}`, `null`, a ConfigMap) or only
  * invalid ones is refused like one that does not parse: only an empty List says "no Services".
@@ -39,10 +39,14 @@ import { ManifestReader, type ManifestChange } from './manifest-reader.js';
  * for the edit it missed.
  *
  * When to read: soon after an event (settleMs gathers the events of one save), because an edit
- * should reach connections within a few milliseconds. But a file being written in place may be
- * read half-written. Half a JSON document never parses, so JSON that parses is applied at once;
+ * should reach connections within a few milliseconds. But a file being written in place
+ * (`kubectl get -o json > file`, a script's open-truncate-write) may be read empty or
+ * half-written. Half a JSON document never parses, so JSON that parses is applied at once, and
+ * JSON that does not end as a document can end is not even parsed until the writer is done;
  * anything else (YAML, whose prefix may well parse, an empty file, JSON that does not parse yet)
  * is taken as final only after debounceMs without events. A parse error is reported only then.
+ * An empty or unparsable read in between changes nothing, so the complete file that follows is
+ * still read as an edit of the last one applied.
  */
 
 export interface FileSourceOptions {
@@ -56,7 +60,8 @@ export interface FileSourceOptions {
   pollIntervalMs?: number;
   /**
    * After a whole read, how long to wait before indexing it for fast edits (manifest-reader.ts);
-   * default 3000, past the first sync, so start-up does not wait for it.
+   * default 3000, past the first sync, so start-up does not wait for it. The index is then built a
+   * slice of INDEX_SLICE_MS at a time, so connections are not held up for the whole of it.
    */
   indexAfterMs?: number;
   /**
@@ -72,15 +77,38 @@ export interface FileSourceOptions {
 
 export const DEFAULT_MAX_BYTES = 256 * 1024 * 1024;
 
-/** The file's bytes, or ProxyError TOO_LARGE before reading a file over maxBytes (or one that grew past it). */
-export async function readStateFile(path: string, maxBytes: number): Promise<Buffer> {
+/**
+ * The file's bytes, or ProxyError TOO_LARGE before reading a file over maxBytes (or one that grew
+ * past it). One read() for the size stat() gave, where fh.readFile() would make one trip to the
+ * thread pool per 512 KiB (80 for a 40 MB file, each queued behind whatever else is there); then
+ * reads until end of file, for a file that grew meanwhile. Into `into` (the result is a view of
+ * it) when it has room: a fresh 40 MB buffer per read is 10,000 pages for the kernel to fault
+ * in and zero, ten times a second under churn, and as much again for the collector to free.
+ */
+export async function readStateFile(path: string, maxBytes: number, into?: Buffer): Promise<Buffer> {
   const fh = await open(path, 'r');
   try {
     const { size } = await fh.stat();
     if (size > maxBytes) throw tooLarge(path, size, maxBytes);
-    const buf = await fh.readFile();
-    if (buf.length > maxBytes) throw tooLarge(path, buf.length, maxBytes);
-    return buf;
+    // One byte more than the size, so that a file that did not grow is read in one call and known
+    // complete; an eighth more room, so that the next read of a growing file fits as well. Never
+    // from the shared pool (allocUnsafeSlow): the buffer is read into again later.
+    const want = Math.min(size, maxBytes) + 1;
+    let buf = into !== undefined && into.length >= want ? into : Buffer.allocUnsafeSlow(Math.min(want + (want >> 3), maxBytes + 1));
+    let length = 0;
+    for (;;) {
+      if (length === buf.length) {
+        if (length > maxBytes) throw tooLarge(path, length, maxBytes);
+        const bigger = Buffer.allocUnsafeSlow(Math.min(length * 2, maxBytes + 1));
+        buf.copy(bigger, 0, 0, length);
+        buf = bigger;
+      }
+      const { bytesRead } = await fh.read(buf, length, buf.length - length, length);
+      if (bytesRead === 0) break;
+      length += bytesRead;
+    }
+    if (length > maxBytes) throw tooLarge(path, length, maxBytes);
+    return buf.subarray(0, length);
   } finally {
     await fh.close();
   }
@@ -90,6 +118,8 @@ function tooLarge(path: string, size: number, maxBytes: number): ProxyError {
   return new ProxyError('TOO_LARGE', `${path}: state file is ${size} bytes, more than the ${maxBytes} read`);
 }
 
+/** Work per turn of the event loop while indexing a whole read in the background. */
+const INDEX_SLICE_MS = 5;
 /** At most this many new problems of one read are logged one by one; the rest as a count. */
 const MAX_LOGGED_PROBLEMS = 20;
 /** Symlinks followed when finding the names a state file's path passes through (as ELOOP would stop). */
@@ -106,12 +136,20 @@ export class FileSource {
   private readonly pollIntervalMs: number;
   private readonly indexAfterMs: number;
   private readonly maxBytes: number;
-  private readonly readFile: (path: string, maxBytes: number) => Promise<Buffer>;
+  private readonly readFile: ((path: string, maxBytes: number) => Promise<Buffer>) | undefined;
+  /**
+   * With readStateFile, two buffers the file is read into in turn: `accepted` holds the version
+   * the reader compares with (its `last`), `spare` is free to be read into. Nothing else keeps a
+   * view of either: a refused read is kept as a copy.
+   */
+  private accepted: ArrayBuffer | undefined;
+  private spare: Buffer | undefined;
   private readonly retry: Backoff;
   /** Names in the file's directory whose events concern the file (its own, and its symlinks' on the way). */
   private names: Set<string>;
   private readonly reader: ManifestReader;
   private indexTimer: NodeJS.Timeout | undefined;
+  private indexImmediate: NodeJS.Immediate | undefined;
   private sink: StateSink | undefined;
   private dirWatcher: FSWatcher | undefined;
   private timer: NodeJS.Timeout | undefined;
@@ -143,7 +181,7 @@ export class FileSource {
     this.pollIntervalMs = opts.pollIntervalMs ?? 1000;
     this.indexAfterMs = opts.indexAfterMs ?? 3000;
     this.maxBytes = opts.maxBytes ?? DEFAULT_MAX_BYTES;
-    this.readFile = opts.readFile ?? readStateFile;
+    this.readFile = opts.readFile;
     this.retry = new Backoff({ initialMs: 100, maxMs: 5000, ...opts.retry }, Math.random);
     this.names = new Set([basename(opts.path)]);
     this.reader = new ManifestReader(opts.path);
@@ -166,7 +204,7 @@ export class FileSource {
     this.stopped = true;
     if (this.timer) clearTimeout(this.timer);
     this.timer = undefined;
-    if (this.indexTimer) clearTimeout(this.indexTimer);
+    this.stopIndexing();
     this.dirWatcher?.close();
     this.dirWatcher = undefined;
     unwatchFile(this.path, this.onPoll);
@@ -227,52 +265,56 @@ export class FileSource {
   private async load(): Promise<void> {
     this.armDirWatcher();
     this.names = (await namesOnTheWay(this.path)) ?? this.names;
+    const startedAt = performance.now();
     const buf = await this.read();
+    const readMs = performance.now() - startedAt;
     if (buf === undefined || this.stopped || this.failed?.equals(buf)) return;
     // Milliseconds until the file has been quiet for debounceMs (<= 0: it has).
     const unquietMs = this.started ? this.debounceMs - (performance.now() - this.lastEventAt) : 0;
     if (unquietMs > 0 && !startsLikeJson(buf)) return this.readWhenQuiet(unquietMs, 'not JSON');
-    let change: ManifestChange | undefined;
+    if (unquietMs > 0 && !endsLikeJson(buf)) return this.readWhenQuiet(unquietMs, 'JSON not complete');
+    let read: ManifestRead | undefined;
     try {
-      change = this.reader.read(buf);
+      read = this.reader.diff(buf);
     } catch (err) {
       if (unquietMs > 0) return this.readWhenQuiet(unquietMs, 'does not parse');
-      this.failed = buf;
+      this.failed = Buffer.from(buf);
       // A ProxyError's message names the file, line and column: one line, and the last good
       // state stays. Anything else is a bug, but the file is what made it: name the file.
       const message = err instanceof ProxyError ? err.message : `${this.path}: cannot read the state file: ${(err as Error).message}`;
       this.log.error({ file: this.path, err }, `${message}; keeping the last good state`);
       return;
     }
-    if (change === undefined) {
+    if (read === undefined) {
       this.failed = undefined;
       return;
     }
-    const refusal = this.refusal(change);
+    const refusal = this.refusal(read);
     if (refusal !== undefined) {
-      // Read whole next time, and compared with the state as it stands, not with this content.
-      this.reader.reset();
-      this.failed = buf;
+      // Not accepted: the next read is compared with the state as it stands, not with this content.
+      this.failed = Buffer.from(buf);
       this.log[refusal.level]({ file: this.path }, `${this.path}: ${refusal.message}; keeping the last good state (an empty List, {"apiVersion":"v1","kind":"List","items":[]}, removes every Service)`);
       return;
     }
     this.failed = undefined;
-    this.apply(change);
+    read.accept();
+    if (!this.readFile) this.swapBuffers(buf);
+    this.apply(read.change, { readMs, loadMs: performance.now() - startedAt });
   }
 
   /**
    * Why a file that parsed must not replace the state, if it must not: it holds no Service or
-   * EndpointSlice and is not an empty List, or (read whole) none of its objects is valid. The
+   * EndpointSlice and is not an empty List, or none of its objects is valid. The
    * whole state would otherwise go for a file that says nothing about it.
    */
-  private refusal(change: ManifestChange): { level: 'warn' | 'error'; message: string } | undefined {
-    const holds = this.reader.holds;
+  private refusal(read: ManifestRead): { level: 'warn' | 'error'; message: string } | undefined {
+    const { change, holds } = read;
     if (holds === 'blank') return { level: 'warn', message: 'state file is empty (still being written?)' };
     const problems = change.kind === 'full' ? change.manifest.problems : change.problems;
     const first = (ps: readonly ObjectProblem[]): string => (ps[0] ? ` (${problemString({ ...ps[0], file: undefined })})` : '');
     if (holds === 'nothing') return { level: 'error', message: `holds no Service or EndpointSlice${first(problems)}` };
-    if (holds === 'objects' && change.kind === 'full') {
-      const invalid = firstProblemIfNoneValid(change.manifest);
+    if (holds === 'objects') {
+      const invalid = firstProblemIfNoneValid(read.objects());
       if (invalid !== undefined) return { level: 'error', message: `holds no valid Service or EndpointSlice${first(invalid)}` };
     }
     return undefined;
@@ -291,7 +333,8 @@ export class FileSource {
    */
   private async read(): Promise<Buffer | undefined> {
     try {
-      const buf = await this.readFile(this.path, this.maxBytes);
+      const buf = this.readFile ? await this.readFile(this.path, this.maxBytes) : await readStateFile(this.path, this.maxBytes, this.spare);
+      if (!this.readFile && buf.buffer !== this.accepted) this.spare = Buffer.from(buf.buffer);
       this.lastFailure = undefined;
       this.retry.reset();
       return buf;
@@ -317,7 +360,8 @@ export class FileSource {
     }
   }
 
-  private apply(change: ManifestChange): void {
+  /** `took`: milliseconds reading the file, and reading, comparing and parsing it (for the log: where an edit's time went). */
+  private apply(change: ManifestChange, took: { readMs: number; loadMs: number }): void {
     const sink = this.sink;
     if (!sink) return;
     let counts: { services: number; endpointSlices: number };
@@ -352,12 +396,35 @@ export class FileSource {
       this.log.error({ file: this.path, err: firstErr, failures }, 'applying the state file failed');
     }
     this.loadedOnce = true;
-    if (change.kind === 'full') {
-      if (this.indexTimer) clearTimeout(this.indexTimer);
-      this.indexTimer = setTimeout(() => this.reader.prepare(), this.indexAfterMs).unref();
-    }
+    if (change.kind === 'full') this.indexLater();
     const changed = change.kind === 'full' ? 'all' : change.upsertServices.length + change.upsertEndpointSlices.length + change.deleteServices.length + change.deleteEndpointSlices.length;
-    this.log.info({ file: this.path, ...counts, changed }, 'loaded state file');
+    const ms = (v: number): number => Math.round(v * 10) / 10;
+    this.log.info({ file: this.path, ...counts, changed, readMs: ms(took.readMs), loadMs: ms(took.loadMs) }, 'loaded state file');
+  }
+
+  /** `buf` (a view of the spare) was accepted: the buffer that held the version before is now the spare. */
+  private swapBuffers(buf: Buffer): void {
+    const before = this.accepted;
+    this.accepted = buf.buffer as ArrayBuffer;
+    this.spare = before !== undefined && before !== this.accepted ? Buffer.from(before) : undefined;
+  }
+
+  /** Index the whole read just applied, after indexAfterMs, a slice per turn of the event loop. */
+  private indexLater(): void {
+    this.stopIndexing();
+    const slice = (): void => {
+      this.indexImmediate = undefined;
+      if (this.stopped || this.reader.indexFor(INDEX_SLICE_MS)) return;
+      this.indexImmediate = setImmediate(slice).unref();
+    };
+    this.indexTimer = setTimeout(slice, this.indexAfterMs).unref();
+  }
+
+  private stopIndexing(): void {
+    if (this.indexTimer) clearTimeout(this.indexTimer);
+    if (this.indexImmediate) clearImmediate(this.indexImmediate);
+    this.indexTimer = undefined;
+    this.indexImmediate = undefined;
   }
 
   /**
@@ -385,13 +452,14 @@ export class FileSource {
  * Undefined when the read has an object the state cache would take (usually the first one tried);
  * else the problems of its first object.
  */
-function firstProblemIfNoneValid(m: Manifest): ObjectProblem[] | undefined {
+function firstProblemIfNoneValid(m: { services: Iterable<V1Service>; endpointSlices: Iterable<V1EndpointSlice> }): ObjectProblem[] | undefined {
   let firstProblems: ObjectProblem[] | undefined;
   const valid = (problems: ObjectProblem[]): boolean => {
     firstProblems ??= problems;
     return problems.length === 0;
   };
-  if (m.services.some((s) => valid(validateService(s))) || m.endpointSlices.some((s) => valid(validateEndpointSlice(s)))) return undefined;
+  for (const s of m.services) if (valid(validateService(s))) return undefined;
+  for (const s of m.endpointSlices) if (valid(validateEndpointSlice(s))) return undefined;
   return firstProblems ?? [];
 }
 

@@ -1,7 +1,8 @@
 /**
  * Byte-level scanning of a JSON `List` document (`kubectl get -o json`): where its `items` array
- * lies and where each item starts and ends. This is what lets the file source re-parse only the
- * items an edit touched instead of a whole 10,000-Service file (JSON.parse of 9 MB ≈130 ms).
+ * lies and where each item starts and ends, and byte runs two versions share. This is what lets
+ * the file source re-parse only the items an edit touched instead of the whole file, whose
+ * JSON.parse alone outlasts the time an endpoint move may take at 10,000 Services (bench/README.md).
  *
  * The scanner only finds structure; JSON.parse still judges every byte it hands on. Working on
  * bytes is safe for UTF-8: the structural characters are ASCII, and no byte of a multi-byte
@@ -87,31 +88,14 @@ function valueEnd(buf: Buffer, i: number, limit: number): number {
   return j > i ? j : -1;
 }
 
-function skipSpace(buf: Buffer, i: number, limit: number): number {
+export function skipSpace(buf: Buffer, i: number, limit: number): number {
   while (i < limit && isSpace(buf[i])) i++;
   return i;
 }
 
-/**
- * The objects in buf[from, to), which must be `object (, object)*` with any whitespace around,
- * or only whitespace. Undefined when it is anything else (a stray comma, a non-object item, an
- * unclosed object): the caller then parses the whole file, and JSON.parse names the fault.
- */
-export function scanItems(buf: Buffer, from: number, to: number): Span[] | undefined {
-  const spans: Span[] = [];
-  let i = skipSpace(buf, from, to);
-  while (i < to) {
-    if (buf[i] !== LBRACE) return undefined;
-    const end = compositeEnd(buf, i, to);
-    if (end < 0) return undefined;
-    spans.push({ start: i, end });
-    i = skipSpace(buf, end, to);
-    if (i === to) break;
-    if (buf[i] !== COMMA) return undefined;
-    i = skipSpace(buf, i + 1, to);
-    if (i === to) return undefined; // a trailing comma
-  }
-  return spans;
+/** End (exclusive) of the object opening at `i` (which must be a `{`), or -1. */
+export function objectEnd(buf: Buffer, i: number, limit: number): number {
+  return buf[i] === LBRACE ? compositeEnd(buf, i, limit) : -1;
 }
 
 /**
@@ -120,6 +104,19 @@ export function scanItems(buf: Buffer, from: number, to: number): Span[] | undef
  * simply means the file is always parsed whole. A leading byte-order mark is skipped.
  */
 export function scanList(buf: Buffer): ListLayout | undefined {
+  const steps = scanListSteps(buf);
+  for (;;) {
+    const r = steps.next();
+    if (r.done) return r.value;
+  }
+}
+
+/**
+ * scanList a step at a time, yielding the offset reached after each item: a 40 MB file takes a
+ * few hundred milliseconds to scan, which the file source spreads over many turns of the event
+ * loop rather than holding connections up for all of it.
+ */
+export function* scanListSteps(buf: Buffer): Generator<number, ListLayout | undefined, void> {
   const n = buf.length;
   let i = skipSpace(buf, afterByteOrderMark(buf), n);
   if (buf[i] !== LBRACE) return undefined;
@@ -137,13 +134,32 @@ export function scanList(buf: Buffer): ListLayout | undefined {
     i = skipSpace(buf, keyEnd + 1, n);
     if (buf[i] !== COLON) return undefined;
     i = skipSpace(buf, i + 1, n);
-    const end = valueEnd(buf, i, n);
-    if (end < 0) return undefined;
+    let end: number;
     if (isItems) {
       if (layout !== undefined || buf[i] !== LBRACKET) return undefined;
-      const items = scanItems(buf, i + 1, end - 1);
-      if (items === undefined) return undefined;
-      layout = { open: i, close: end - 1, items };
+      // The items one by one up to the closing bracket, which is the first non-space byte that
+      // does not start an item or follow one with a comma.
+      const items: Span[] = [];
+      const open = i;
+      let j = skipSpace(buf, i + 1, n);
+      while (buf[j] !== RBRACKET) {
+        const itemEnd = objectEnd(buf, j, n);
+        if (itemEnd < 0) return undefined;
+        items.push({ start: j, end: itemEnd });
+        yield itemEnd;
+        j = skipSpace(buf, itemEnd, n);
+        if (buf[j] === COMMA) {
+          j = skipSpace(buf, j + 1, n);
+          if (buf[j] !== LBRACE) return undefined; // a trailing comma, or not an object
+        } else if (buf[j] !== RBRACKET) {
+          return undefined;
+        }
+      }
+      layout = { open, close: j, items };
+      end = j + 1;
+    } else {
+      end = valueEnd(buf, i, n);
+      if (end < 0) return undefined;
     }
     i = skipSpace(buf, end, n);
     if (buf[i] === RBRACE) break;
@@ -161,6 +177,16 @@ function afterByteOrderMark(buf: Buffer): number {
 export function startsLikeJson(buf: Buffer): boolean {
   const first = buf[skipSpace(buf, afterByteOrderMark(buf), buf.length)];
   return first === LBRACE || first === LBRACKET;
+}
+
+/**
+ * The last byte other than space closes an object or array: a JSON document still being
+ * written almost never does, so a read that catches one half-written can wait for the rest
+ * without paying for a parse that must fail.
+ */
+export function endsLikeJson(buf: Buffer): boolean {
+  const last = byteBefore(buf, buf.length);
+  return last === RBRACE || last === RBRACKET;
 }
 
 /** Nothing but white space (and a byte-order mark). */
@@ -187,15 +213,24 @@ const CHUNK = 64 * 1024;
 
 /** Length of the longest common prefix of a and b: memcmp a chunk at a time, bytes only in the chunk that differs. */
 export function commonPrefix(a: Buffer, b: Buffer): number {
-  const n = Math.min(a.length, b.length);
-  let i = 0;
-  while (i < n) {
-    const end = Math.min(i + CHUNK, n);
-    if (a.compare(b, i, end, i, end) !== 0) break;
-    i = end;
+  return sameRun(a, 0, b, 0, Math.min(a.length, b.length));
+}
+
+/**
+ * How many bytes from a[aFrom] on equal those from b[bFrom] on, at most `max` (which must fit in
+ * both). A memcmp a chunk at a time, starting small: most runs asked about end within an item.
+ */
+export function sameRun(a: Buffer, aFrom: number, b: Buffer, bFrom: number, max: number): number {
+  let n = 0;
+  let chunk = 1024;
+  while (n < max) {
+    const len = Math.min(chunk, max - n);
+    if (b.compare(a, aFrom + n, aFrom + n + len, bFrom + n, bFrom + n + len) !== 0) break;
+    n += len;
+    chunk = Math.min(chunk * 4, CHUNK);
   }
-  while (i < n && a[i] === b[i]) i++;
-  return i;
+  while (n < max && a[aFrom + n] === b[bFrom + n]) n++;
+  return n;
 }
 
 /** Length of the longest common suffix of a and b, at most `max` bytes. */

@@ -213,9 +213,9 @@ type Implied = { apiVersion: string; kind: string };
 function collect(doc: Doc, implied: Implied | undefined, file: string, out: Manifest, depth = 0): void {
   const kind = typeof doc.kind === 'string' ? doc.kind : implied?.kind;
   const apiVersion = typeof doc.apiVersion === 'string' ? doc.apiVersion : implied?.apiVersion;
-  const label = objectLabel(kind ?? 'object', doc);
+  // The label only when there is a problem to name: every object of every whole read comes here.
   const problem = (field: string, message: string): void => {
-    out.problems.push({ object: label, field, message, file });
+    out.problems.push({ object: objectLabel(kind ?? 'object', doc), field, message, file });
   };
 
   if (kind === undefined) return problem('kind', 'missing');
