@@ -3,6 +3,7 @@ import { EventEmitter } from 'node:events';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo, Server as NetServer, Socket } from 'node:net';
 import { KubeConfig } from '@kubernetes/client-node';
+import { FakePortForward } from './fake-port-forward.js';
 
 /**
  * A Kubernetes API server in-process, over HTTP on loopback, speaking the protocol the proxy
@@ -18,7 +19,9 @@ import { KubeConfig } from '@kubernetes/client-node';
  *   as `ADDED`/`DELETED`; the stream ends after `timeoutSeconds`;
  * - a resourceVersion older than the last compaction: HTTP 200 and one `ERROR` event whose
  *   object is a `Status` with code 410 (watch), or HTTP 410 with a Status body (list continue);
- * - a bearer token is required when `token` is set (401 Status otherwise).
+ * - a bearer token is required when `token` is set (401 Status otherwise);
+ * - pods/{name}/portforward over SPDY and WebSocket to loopback pods (`portForward`, see
+ *   fake-port-forward.ts), with the discovery and pod GETs kubectl makes first.
  *
  * One resourceVersion counter spans all resources, as etcd's revision does. Faults are
  * injected on purpose: dropped watch connections, clean watch ends, compaction, failing or held
@@ -92,6 +95,8 @@ interface Failure {
 
 export class FakeApiServer {
   readonly requests: RequestRecord[] = [];
+  /** pods/portforward: the pods, their loopback ports, and the faults to inject. */
+  readonly portForward = new FakePortForward();
   /** Requires `Authorization: Bearer <token>` when set. */
   token: string | undefined = 'fake-token';
   private server: Server;
@@ -307,6 +312,7 @@ export class FakeApiServer {
   }
 
   async close(): Promise<void> {
+    this.portForward.close();
     await this.down();
     this.events.removeAllListeners();
   }
@@ -352,6 +358,13 @@ export class FakeApiServer {
 
   private makeServer(): Server {
     const server = createServer((req, res) => void this.handle(req, res));
+    server.on('upgrade', (req: IncomingMessage, socket: Socket, head: Buffer) => {
+      if (this.token && req.headers.authorization !== `Bearer ${this.token}`) {
+        socket.end('HTTP/1.1 401 Unauthorized\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"Unauthorized","reason":"Unauthorized","code":401}');
+        return;
+      }
+      if (!this.portForward.handleUpgrade(req, socket, head)) socket.destroy();
+    });
     server.on('connection', (s: Socket) => {
       this.sockets.add(s);
       s.on('close', () => this.sockets.delete(s));
@@ -376,6 +389,7 @@ export class FakeApiServer {
       sendStatus(res, 401, 'Unauthorized', 'Unauthorized');
       return answer(401);
     }
+    if (!resource && this.portForward.handleRequest(req, res)) return answer(res.statusCode);
     if (!resource || req.method !== 'GET') {
       sendStatus(res, 404, 'NotFound', 'the server could not find the requested resource');
       return answer(404);
