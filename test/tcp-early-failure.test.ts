@@ -4,7 +4,7 @@ import type { LoadBalancer } from '../src/core/balancer/load-balancer.js';
 import { ProxyError } from '../src/core/errors.js';
 import { DirectDialer } from '../src/io/net/direct-dialer.js';
 import { TcpProxySocket } from '../src/io/net/tcp-proxy.js';
-import type { Dialer, EarlyFailure, Upstream } from '../src/seams/dialer.js';
+import type { Dialer, Upstream } from '../src/seams/dialer.js';
 import { FakeBalancer } from './helpers/fake-balancer.js';
 import { captureLogger, closedTcpPort, connectTo, tcpBackend, withDeadline } from './helpers/proxy-fixtures.js';
 
@@ -66,7 +66,7 @@ class FailingUpstream extends EventEmitter implements Upstream {
     if (this.destroyed) return;
     const err = new ProxyError('API', 'the pod refused the port') as ProxyError & { unsent?: Uint8Array[] };
     if (this.keep) err.unsent = this.written;
-    this.emit('error', err as EarlyFailure);
+    this.emit('error', err);
     this.destroy();
   }
 }

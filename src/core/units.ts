@@ -20,6 +20,8 @@ export interface ProxyUnit {
   portals: PortalAddress[];
   endpoints: Endpoint[];
   affinity: AffinityPolicy;
+  /** Endpoints of the port the dialer cannot reach (core/reach.ts), with why; absent when none. */
+  unreachable?: Array<{ endpoint: string; reason: string }>;
 }
 
 export interface EndpointSets {
