@@ -296,6 +296,7 @@ function unitStatus(ru: RunningUnit): UnitStatus {
     sessionAffinity: ru.unit.affinity.type,
     active: ru.socket.active(),
     errors: ru.listeners.filter((l) => l.error).map((l) => l.error as string),
+    ...(ru.unit.unreachable ? { unreachable: ru.unit.unreachable } : {}),
   };
 }
 
