@@ -7,14 +7,14 @@ import { PortAllocator } from './core/port-allocator.js';
 import { ProxierHealth } from './core/proxier-health.js';
 import type { ProxyConfig } from './config.js';
 import { createPortal } from './create-portal.js';
-import { createSource } from './create-source.js';
+import { createDialer, type CreatedDialer } from './create-dialer.js';
+import { createSource, loadCluster } from './create-source.js';
 import { descriptorBudget } from './core/descriptor-budget.js';
 import { readOpenFileLimit, warnOnLowOpenFileLimit } from './fd-limit.js';
 import { followProxier, startHealthServer } from './io/http/healthz.js';
 import { HttpServer, sendJson } from './io/http/http-server.js';
 import { attachMetrics } from './io/http/metrics.js';
 import { ServiceHealthServer, healthCheckHosts } from './io/http/service-health.js';
-import { DirectDialer } from './io/net/direct-dialer.js';
 import { TcpProxySocket } from './io/net/tcp-proxy.js';
 import { UdpProxySocket } from './io/net/udp-proxy.js';
 import { UdpReceiveBuffers } from './io/net/udp-receive-buffers.js';
@@ -42,14 +42,13 @@ export interface RunningProxy {
   stop(graceMs?: number): Promise<{ cut: number }>;
 }
 
-function socketFactory(config: ProxyConfig, logger: Logger, receiveBuffers: UdpReceiveBuffers): ProxySocketFactory {
-  const dialer = new DirectDialer({ keepAliveMs: config.tcpKeepAliveMs });
+function socketFactory(config: ProxyConfig, logger: Logger, receiveBuffers: UdpReceiveBuffers, { dialer, dialTimeoutsMs }: CreatedDialer): ProxySocketFactory {
   return (unit, balancer, stats): ProxySocket => {
     // The sockets bind their own {component, service} child logger, and only when they first log.
     if (unit.protocol === 'UDP') {
       return new UdpProxySocket({ name: unit.id, balancer, logger, stats, idleTimeoutMs: config.udpIdleTimeoutMs, maxSessions: config.maxUdpSessions, receiveBuffers });
     }
-    return new TcpProxySocket({ name: unit.id, balancer, dialer, logger, stats, keepAliveMs: config.tcpKeepAliveMs, idleTimeoutMs: config.tcpIdleTimeoutMs });
+    return new TcpProxySocket({ name: unit.id, balancer, dialer, logger, stats, keepAliveMs: config.tcpKeepAliveMs, idleTimeoutMs: config.tcpIdleTimeoutMs, ...(dialTimeoutsMs ? { dialTimeoutsMs } : {}) });
   };
 }
 
@@ -101,10 +100,15 @@ async function start(config: ProxyConfig, logger: Logger, started: Started): Pro
   const limit = readOpenFileLimit();
   const budget = descriptorBudget(limit === undefined ? Infinity : Math.min(limit.soft, limit.hard));
   if (budget.maxListeners !== Infinity) logger.debug({ ...budget }, 'open files: listening sockets bounded so that connections keep theirs');
+  // Before anything is started: no cluster to be found is one line and exit 2. The source and the
+  // port-forward dialer share it (one kubeconfig, one set of credentials).
+  const cluster = config.stateFile ? undefined : await loadCluster(config, { logger });
+  const dialer = createDialer(config, logger, cluster);
+  started.add(async () => dialer.close());
   const units = new LocalUnitSet({
     logger,
     balancerFactory: roundRobinFactory,
-    socketFactory: socketFactory(config, logger, receiveBuffers),
+    socketFactory: socketFactory(config, logger, receiveBuffers, dialer),
     portAllocator: new PortAllocator(config.proxyPortRange, Math.random),
     clock: systemClock,
     random: Math.random,
@@ -121,11 +125,12 @@ async function start(config: ProxyConfig, logger: Logger, started: Started): Pro
     node: { name: nodeName },
     minSyncPeriodMs: config.minSyncPeriodMs,
     syncPeriodMs: config.syncPeriodMs,
+    ...(dialer.reach ? { reach: dialer.reach } : {}),
   });
   started.add(() => proxier.shutdown(0));
   const health = new ProxierHealth(2 * config.syncPeriodMs, { clock: systemClock, wallNow: Date.now });
   // Before anything is started: a bad flag or no cluster to be found is one line and exit 2.
-  const source = await createSource(config, { logger, nodeName, onNode: (node) => health.setNode(node) });
+  const source = await createSource(config, { logger, nodeName, onNode: (node) => health.setNode(node), ...(cluster ? { cluster } : {}) });
   await portal.start();
   // Health and metrics follow the loop's events, as kube-proxy's trackers do.
   followProxier(health, proxier);
@@ -163,6 +168,7 @@ async function start(config: ProxyConfig, logger: Logger, started: Started): Pro
       // Health keeps answering through the grace period, so a liveness probe does not kill a
       // proxy that is draining; portal rules stay in place for the next start to take over.
       const result = await proxier.shutdown(graceMs);
+      dialer.close();
       await Promise.all([admin.close(), healthz.server.close(), serviceHealth.close()]);
       return result;
     },

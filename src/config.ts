@@ -6,6 +6,10 @@ import { LOG_LEVELS } from './log.js';
 import { PORTAL_MODES, type PortalMode } from './seams/portal.js';
 import type { LevelWithSilent } from 'pino';
 
+/** How endpoints are reached: a TCP connect to the endpoint, or a stream through the API server's pods/portforward. */
+export const DIALERS = ['direct', 'port-forward'] as const;
+export type DialerKind = (typeof DIALERS)[number];
+
 /** The validated configuration every part is built from. */
 export interface ProxyConfig {
   /** `--state FILE`: Services and EndpointSlices from a file instead of the API. */
@@ -25,6 +29,10 @@ export interface ProxyConfig {
   hostnameOverride?: string;
   kubeconfig?: string;
   master?: string;
+  /** `--dialer`: how endpoints are reached. */
+  dialer: DialerKind;
+  /** `--namespace` (repeatable): the namespaces watched; empty: all. */
+  namespaces: string[];
   syncPeriodMs: number;
   minSyncPeriodMs: number;
   /**
@@ -57,6 +65,9 @@ export interface RawOptions {
   hostnameOverride?: string;
   kubeconfig?: string;
   master?: string;
+  dialer?: string;
+  /** `--namespace`, once per namespace. */
+  namespaces?: string[];
   iptablesSyncPeriod?: string;
   iptablesMinSyncPeriod?: string;
   nodeportAddresses?: string;
@@ -85,6 +96,7 @@ export const DEFAULTS = {
   shutdownGracePeriod: '10s',
   maxUdpSessions: '4096',
   configSyncPeriod: '15m',
+  dialer: 'direct' as DialerKind,
 };
 
 function flag(name: string, fn: () => unknown): void {
@@ -125,6 +137,16 @@ function cidrList(name: string, value: string | undefined): string[] {
   return list;
 }
 
+/** A namespace is a DNS-1123 label: lower-case letters, digits and '-', at most 63, alphanumeric at both ends. */
+function namespaceList(names: readonly string[]): string[] {
+  for (const n of names) {
+    if (!/^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/.test(n)) {
+      throw new UsageError(`--namespace: "${n}" is not a namespace name (lower-case letters, digits and '-', at most 63 characters)`);
+    }
+  }
+  return [...new Set(names)];
+}
+
 /** Options (flags, later merged with a config file) -> validated ProxyConfig. Pure. */
 export function buildConfig(raw: RawOptions): ProxyConfig {
   const portal = oneOf('portal', raw.portal ?? DEFAULTS.portal, PORTAL_MODES);
@@ -162,6 +184,8 @@ export function buildConfig(raw: RawOptions): ProxyConfig {
     serviceClusterIPRanges: cidrList('service-cluster-ip-range', raw.serviceClusterIpRange),
     shutdownGracePeriodMs: duration('shutdown-grace-period', raw.shutdownGracePeriod ?? DEFAULTS.shutdownGracePeriod),
     maxUdpSessions,
+    dialer: oneOf('dialer', raw.dialer ?? DEFAULTS.dialer, DIALERS),
+    namespaces: namespaceList(raw.namespaces ?? []),
     cleanup: raw.cleanup ?? false,
   };
   if (proxyPortRange) config.proxyPortRange = proxyPortRange;
@@ -169,6 +193,12 @@ export function buildConfig(raw: RawOptions): ProxyConfig {
   if (raw.hostnameOverride) config.hostnameOverride = raw.hostnameOverride;
   if (raw.kubeconfig) config.kubeconfig = raw.kubeconfig;
   if (raw.master) config.master = raw.master;
+  if (config.stateFile && config.dialer === 'port-forward') {
+    throw new UsageError('--dialer port-forward reaches pods through the API server: it needs a cluster (--kubeconfig), not --state');
+  }
+  if (config.stateFile && config.namespaces.length > 0) {
+    throw new UsageError('--namespace chooses what is watched in a cluster; --state serves its file whole: drop one of them');
+  }
   if (config.minSyncPeriodMs > config.syncPeriodMs) {
     throw new UsageError(`--iptables-min-sync-period (${raw.iptablesMinSyncPeriod ?? `default ${DEFAULTS.iptablesMinSyncPeriod}`}) must not exceed --iptables-sync-period (${raw.iptablesSyncPeriod ?? `default ${DEFAULTS.iptablesSyncPeriod}`})`);
   }

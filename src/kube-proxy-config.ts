@@ -3,7 +3,7 @@ import { CORE_SCHEMA, dump, load, YAMLException } from 'js-yaml';
 import { hostPort, isIP, parseCidrFlag, parseHostPort } from './core/address.js';
 import { formatDuration, parseDuration } from './core/duration.js';
 import { formatPortRange, parsePortRange } from './core/port-allocator.js';
-import type { ProxyConfig, RawOptions } from './config.js';
+import { DIALERS, type ProxyConfig, type RawOptions } from './config.js';
 import { ProxyError, UsageError, errnoCode } from './core/errors.js';
 import { PORTAL_MODES } from './seams/portal.js';
 import { LOG_LEVELS } from './log.js';
@@ -192,6 +192,8 @@ const SCHEMA: Schema = {
         },
       },
       logLevel: { type: 'string', apply: (v, at, out) => { out.logLevel = oneOf(v as string, LOG_LEVELS, at); } },
+      dialer: { type: 'string', apply: (v, at, out) => { out.dialer = oneOf(v as string, DIALERS, at); } },
+      namespaces: { type: 'stringList', apply: (v, _at, out) => { if ((v as string[]).length > 0) out.namespaces = v as string[]; } },
     },
   },
 };
@@ -397,6 +399,8 @@ export function toKubeProxyConfiguration(config: ProxyConfig): Record<string, un
       maxUDPSessions: config.maxUdpSessions,
       serviceClusterIPRanges: config.serviceClusterIPRanges,
       logLevel: config.logLevel,
+      dialer: config.dialer,
+      namespaces: config.namespaces,
     },
   };
 }

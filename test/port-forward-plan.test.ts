@@ -15,7 +15,7 @@ const node = { name: 'laptop' };
 const reach = new PortForwardDialer({ opener: { open: () => Promise.reject(new Error('unused')) }, logger: captureLogger('warn').logger }).reach;
 
 function web(): V1Service {
-  return service({ name: 'web', ports: [{ name: 'http', port: 80, targetPort: 8080 }, { name: 'dns', port: 53, protocol: 'UDP' }] }) as V1Service;
+  return service({ name: 'web', ports: [{ name: 'http', port: 80, targetPort: 8080 }, { name: 'dns', port: 53, protocol: 'UDP' }] });
 }
 
 function slice(endpoints: Array<{ ip: string; pod?: string }>): V1EndpointSlice {
