@@ -282,7 +282,13 @@ describe('port-forward dialer: backpressure', () => {
 
 describe('port-forward dialer: round-robin', () => {
   it('spreads connections over three pods in turn', async () => {
-    const pods = { 'web-0': (await pod('web-0')).port, 'web-1': (await pod('web-1')).port, 'web-2': (await pod('web-2')).port };
+    // Pods that answer and end at once: a forward then ends without containerd's second of grace.
+    const once = async (name: string): Promise<number> => {
+      const b = await tcpBackend(LO, (sock) => sock.once('data', () => sock.end(`${name}:.`)));
+      cleanups.push(() => b.close());
+      return b.port;
+    };
+    const pods = { 'web-0': await once('web-0'), 'web-1': await once('web-1'), 'web-2': await once('web-2') };
     const balancer = new RoundRobinBalancer({ clock: { now: () => 0 }, random: seeded(7) });
     balancer.setEndpoints(endpoints(Object.keys(pods)));
     const s = await setup({ balancer, pods });
