@@ -331,7 +331,7 @@ describe('port-forward dialer: transports', () => {
     }
     const lines = s.records.filter((r) => r.msg.startsWith('forbidden:'));
     expect(lines).toHaveLength(1);
-    expect(lines[0]?.msg).toBe('forbidden: cannot create pods/portforward in namespace default: grant get and create on pods/portforward there (deploy/port-forward-role.yaml)');
+    expect(lines[0]?.msg).toBe('forbidden: cannot create pods/portforward in namespace default: grant get and create on pods/portforward there (deploy/developer/port-forward-role.yaml)');
   });
 });
 

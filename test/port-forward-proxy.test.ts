@@ -164,9 +164,9 @@ describe('--dialer port-forward', () => {
     const forbidden = (): string[] => logs.filter((r) => r.level === 40 && String(r.msg).startsWith('forbidden:')).map((r) => String(r.msg));
     await waitFor(() => forbidden().length >= 3, 'the 403 lines');
     expect(forbidden().sort()).toEqual([
-      'forbidden: cannot list endpointslices in namespace team-b: grant list and watch on endpointslices there (a Role and RoleBinding: deploy/port-forward-role.yaml)',
+      'forbidden: cannot list endpointslices in namespace team-b: grant list and watch on endpointslices there (a Role and RoleBinding: deploy/developer/port-forward-role.yaml)',
       'forbidden: cannot list nodes cluster-wide: topology hints are off until it is granted; serving goes on',
-      'forbidden: cannot list services in namespace team-b: grant list and watch on services there (a Role and RoleBinding: deploy/port-forward-role.yaml)',
+      'forbidden: cannot list services in namespace team-b: grant list and watch on services there (a Role and RoleBinding: deploy/developer/port-forward-role.yaml)',
     ]);
   });
 

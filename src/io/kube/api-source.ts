@@ -186,6 +186,6 @@ export function collectionPath(res: ApiResource, namespace?: string): string {
 function forbiddenHint(res: ApiResource, namespace: string | undefined): string {
   if (res.resource === 'nodes') return 'topology hints are off until it is granted; serving goes on';
   const verbs = res.verbs.join(' and ');
-  if (namespace !== undefined) return `grant ${verbs} on ${res.resource} there (a Role and RoleBinding: deploy/port-forward-role.yaml)`;
+  if (namespace !== undefined) return `grant ${verbs} on ${res.resource} there (a Role and RoleBinding: deploy/developer/port-forward-role.yaml)`;
   return `grant ${verbs} on ${res.resource} cluster-wide (a ClusterRole), or pass --namespace for each namespace you may read`;
 }

@@ -121,7 +121,7 @@ export class PortForwardDialer implements Dialer {
     if (err.failure === 'status' && err.status === 403) {
       if (this.forbiddenSaid.has(pod.namespace)) return;
       this.forbiddenSaid.add(pod.namespace);
-      this.log.warn({ namespace: pod.namespace, err: err.message }, `forbidden: cannot create pods/portforward in namespace ${pod.namespace}: grant get and create on pods/portforward there (deploy/port-forward-role.yaml)`);
+      this.log.warn({ namespace: pod.namespace, err: err.message }, `forbidden: cannot create pods/portforward in namespace ${pod.namespace}: grant get and create on pods/portforward there (deploy/developer/port-forward-role.yaml)`);
       return;
     }
     this.log.debug({ pod: podKey(pod), reason: err.failure, err: err.message }, 'port-forward tunnel could not open');
