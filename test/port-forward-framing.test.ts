@@ -31,8 +31,18 @@ type Seen = Array<{ kind: 'data'; id: number; fin: boolean; data: string } | { k
 
 function reader(): { r: FrameReader; seen: Seen } {
   const seen: Seen = [];
+  // A DATA payload may come in pieces (as its bytes arrive): joined here into one entry per frame.
+  let open: { kind: 'data'; id: number; fin: boolean; data: string } | undefined;
   const r = new FrameReader({
-    data: (id, fin, data) => seen.push({ kind: 'data', id, fin, data: data.toString() }),
+    data: (id, fin, data) => {
+      if (open === undefined || open.id !== id) {
+        open = { kind: 'data', id, fin, data: '' };
+        seen.push(open);
+      }
+      open.data += data.toString();
+      open.fin = fin;
+      if (fin || data.length === 0) open = undefined;
+    },
     control: (type, flags, payload) => seen.push({ kind: 'control', type, flags, payload: Buffer.from(payload) }),
   });
   return { r, seen };
@@ -75,14 +85,21 @@ describe('SPDY/3.1 frames', () => {
     expect(r.pending).toBe(0);
   });
 
-  it('joins a large frame arriving in reads once', () => {
-    const { r, seen } = reader();
+  it("hands a large DATA frame's payload on as it arrives, as views of the reads, FIN on the last piece", () => {
+    const pieces: Array<{ id: number; fin: boolean; data: Buffer }> = [];
+    const r = new FrameReader({ data: (id, fin, data) => pieces.push({ id, fin, data }), control: () => {} });
     const payload = Buffer.alloc(3 * 1024 * 1024, 0x41);
-    const frame = Buffer.concat([dataFrameHeader(11, payload.length, true), payload]);
-    for (let i = 0; i < frame.length; i += 65536) r.push(frame.subarray(i, i + 65536));
-    expect(seen).toHaveLength(1);
-    expect(seen[0]).toMatchObject({ kind: 'data', id: 11, fin: true });
-    expect((seen[0] as { data: string }).data.length).toBe(payload.length);
+    const frame = Buffer.concat([dataFrameHeader(11, payload.length, true), payload, pingFrame(3)]);
+    const reads: Buffer[] = [];
+    for (let i = 0; i < frame.length; i += 65536) reads.push(frame.subarray(i, i + 65536));
+    for (const read of reads) r.push(read);
+    expect(pieces.length).toBe(reads.length);
+    expect(pieces.every((p) => p.id === 11)).toBe(true);
+    expect(pieces.map((p) => p.fin)).toEqual([...pieces.slice(1).map(() => false), true]);
+    expect(pieces.reduce((n, p) => n + p.data.length, 0)).toBe(payload.length);
+    // Not copied: each piece shares the read's memory.
+    expect(pieces[1]?.data.buffer).toBe(reads[1]?.buffer);
+    expect(r.pending).toBe(0);
   });
 
   it('writes the control frame header as version 3 with the FIN flag where asked', () => {

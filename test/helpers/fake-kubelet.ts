@@ -330,6 +330,10 @@ export class FakeKubeletSession {
       this.finishPair(pair, `error forwarding port ${data.port} to pod ${this.podName}: ${String(err.code ?? err.message)}`);
     });
     pod.on('close', () => {
+      // Its backlog no longer holds the tunnel: what still comes for it is dropped. (A real
+      // spdystream worker can stay blocked on a stream whose reader is gone; the proxy's PINGs
+      // find such a tunnel out.)
+      if (this.fullPods.delete(pod) && this.fullPods.size === 0 && !this.closed) this.pipe.resume();
       if (connected) this.endForward(pair, 0);
     });
   }

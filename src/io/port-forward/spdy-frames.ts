@@ -129,11 +129,14 @@ export function dataFrameHeader(streamId: number, length: number, fin: boolean):
 
 // --- reading ------------------------------------------------------------------------------------
 
-/** What the reader hands on, frame by frame, in order. */
+/** What the reader hands on, in order. */
 export interface FrameHandler {
-  /** A DATA frame. `data` may be a view into the reader's input: copy what must outlive the call. */
+  /**
+   * DATA: a frame's payload, whole or in pieces as it arrives (`fin` on the last piece only).
+   * `data` is a view into the reader's input: copy what must outlive the call.
+   */
   data(streamId: number, fin: boolean, data: Buffer): void;
-  /** A control frame of the given type; decode the payload with the read* helpers below. */
+  /** A control frame of the given type, whole; decode the payload with the read* helpers below. */
   control(type: number, flags: number, payload: Buffer): void;
 }
 
@@ -145,44 +148,58 @@ export class SpdyProtocolError extends Error {
   }
 }
 
+const EMPTY = Buffer.alloc(0);
+
 /**
- * Splits a byte stream into frames. Input chunks are kept as they come until a frame is whole, then
- * joined once: a 16 MiB frame arriving in 64 KiB reads is copied once, not once per read. A frame
- * that lies within one chunk is handed on as a view of it, uncopied.
+ * Splits a byte stream into frames. A DATA frame's payload is handed on as it arrives, as views of
+ * the input chunks, never joined: the bulk of a tunnel's bytes are read once, by whoever takes
+ * them. A control frame (small) and a frame header split across chunks are joined first.
  */
 export class FrameReader {
+  /** Bytes of a header or a control frame not yet whole. */
   private readonly chunks: Buffer[] = [];
   private buffered = 0;
+  /** The DATA frame whose payload is arriving: its stream, its FIN, and the bytes still to come. */
+  private dataStream = 0;
+  private dataFin = false;
+  private dataLeft = 0;
 
   constructor(private readonly handler: FrameHandler) {}
 
   /** Throws SpdyProtocolError on a frame this reader cannot take; the handler's throws pass through. */
   push(chunk: Buffer): void {
-    if (this.buffered === 0) {
-      this.parse(chunk);
-      return;
+    let buf = chunk;
+    if (this.dataLeft > 0) {
+      const n = Math.min(this.dataLeft, buf.length);
+      this.dataLeft -= n;
+      this.handler.data(this.dataStream, this.dataFin && this.dataLeft === 0, n === buf.length ? buf : buf.subarray(0, n));
+      if (n === buf.length) return;
+      buf = buf.subarray(n);
     }
-    this.chunks.push(chunk);
-    this.buffered += chunk.length;
-    const needed = this.frameLength();
-    if (needed === undefined || this.buffered < needed) return;
-    const joined = Buffer.concat(this.chunks, this.buffered);
-    this.chunks.length = 0;
-    this.buffered = 0;
-    this.parse(joined);
+    if (this.buffered > 0) {
+      this.chunks.push(buf);
+      this.buffered += buf.length;
+      const needed = this.headNeeds();
+      if (this.buffered < needed) return;
+      buf = Buffer.concat(this.chunks, this.buffered);
+      this.chunks.length = 0;
+      this.buffered = 0;
+    }
+    this.parse(buf);
   }
 
-  /** Bytes held for a frame not yet whole. */
+  /** Bytes held for a header or a control frame not yet whole. */
   get pending(): number {
     return this.buffered;
   }
 
-  /** The whole length of the frame at the head of the kept chunks, once its header is in. */
-  private frameLength(): number | undefined {
-    if (this.buffered < HEADER_BYTES) return undefined;
+  /** How many kept bytes the frame at their head needs before it can be parsed. */
+  private headNeeds(): number {
+    if (this.buffered < HEADER_BYTES) return HEADER_BYTES;
     const head = this.chunks[0] as Buffer;
     const header = head.length >= HEADER_BYTES ? head : Buffer.concat(this.chunks, HEADER_BYTES);
-    return HEADER_BYTES + (header.readUInt32BE(4) & MAX_FRAME_PAYLOAD);
+    // A DATA frame needs only its header: its payload streams.
+    return (header.readUInt32BE(0) & 0x80000000) === 0 ? HEADER_BYTES : HEADER_BYTES + (header.readUInt32BE(4) & MAX_FRAME_PAYLOAD);
   }
 
   private parse(buf: Buffer): void {
@@ -191,18 +208,29 @@ export class FrameReader {
       const first = buf.readUInt32BE(offset);
       const second = buf.readUInt32BE(offset + 4);
       const length = second & MAX_FRAME_PAYLOAD;
-      const end = offset + HEADER_BYTES + length;
-      if (end > buf.length) break;
       const flags = second >>> 24;
-      const payload = buf.subarray(offset + HEADER_BYTES, end);
-      offset = end;
-      if (first & 0x80000000) {
-        const version = (first >>> 16) & 0x7fff;
-        if (version !== SPDY_VERSION) throw new SpdyProtocolError(`SPDY version ${version} frame; only version 3 is spoken`);
-        this.handler.control(first & 0xffff, flags, payload);
-      } else {
-        this.handler.data(first & 0x7fffffff, (flags & FLAG_FIN) !== 0, payload);
+      const start = offset + HEADER_BYTES;
+      if ((first & 0x80000000) === 0) {
+        const id = first & 0x7fffffff;
+        const fin = (flags & FLAG_FIN) !== 0;
+        const have = Math.min(length, buf.length - start);
+        offset = start + have;
+        if (have < length) {
+          this.dataStream = id;
+          this.dataFin = fin;
+          this.dataLeft = length - have;
+          if (have > 0) this.handler.data(id, false, buf.subarray(start, offset));
+          return;
+        }
+        this.handler.data(id, fin, length === 0 ? EMPTY : buf.subarray(start, offset));
+        continue;
       }
+      const end = start + length;
+      if (end > buf.length) break;
+      offset = end;
+      const version = (first >>> 16) & 0x7fff;
+      if (version !== SPDY_VERSION) throw new SpdyProtocolError(`SPDY version ${version} frame; only version 3 is spoken`);
+      this.handler.control(first & 0xffff, flags, buf.subarray(start, end));
     }
     if (offset < buf.length) {
       const rest = buf.subarray(offset);

@@ -51,6 +51,8 @@ export class WebSocketPipe extends Duplex {
   private readonly mask: boolean;
   private readonly chunks: Buffer[] = [];
   private buffered = 0;
+  /** Payload bytes of an unmasked binary frame still to come, streamed as they arrive. */
+  private streamLeft = 0;
   private closeSent = false;
   /** Random bytes for masking keys, taken four at a time. */
   private keys = Buffer.alloc(0);
@@ -72,13 +74,12 @@ export class WebSocketPipe extends Duplex {
   }
 
   override _write(chunk: Buffer, _encoding: BufferEncoding, callback: (err?: Error | null) => void): void {
-    this.send(OP_BINARY, chunk, callback);
+    this.send(OP_BINARY, [chunk], callback);
   }
 
-  /** Corked writes (a SPDY frame's header and payload) go out as one message. */
+  /** Corked writes (a SPDY frame's header and payload) go out as one message, copied once into it. */
   override _writev(chunks: Array<{ chunk: Buffer }>, callback: (err?: Error | null) => void): void {
-    const payload = chunks.length === 1 ? (chunks[0] as { chunk: Buffer }).chunk : Buffer.concat(chunks.map((c) => c.chunk));
-    this.send(OP_BINARY, payload, callback);
+    this.send(OP_BINARY, chunks.map((c) => c.chunk), callback);
   }
 
   /** Our end: a close frame (1000, normal closure), then the socket's FIN. */
@@ -93,7 +94,7 @@ export class WebSocketPipe extends Duplex {
     callback(err);
   }
 
-  private send(opcode: number, payload: Buffer, callback?: (err?: Error | null) => void): void {
+  private send(opcode: number, payload: Buffer[], callback?: (err?: Error | null) => void): void {
     const frame = this.frame(opcode, payload);
     if (this.socket.write(frame) || callback === undefined) {
       callback?.();
@@ -102,11 +103,17 @@ export class WebSocketPipe extends Duplex {
     this.socket.once('drain', () => callback());
   }
 
-  private frame(opcode: number, payload: Buffer): Buffer {
-    const length = payload.length;
+  /**
+   * One frame around `parts`, copied into it once. Masked in place, over 32-bit words: the
+   * buffer is allocated so that the payload starts 4-aligned.
+   */
+  private frame(opcode: number, parts: Buffer[]): Buffer {
+    let length = 0;
+    for (const p of parts) length += p.length;
     const extended = length < 126 ? 0 : length < 0x10000 ? 2 : 8;
     const headerLength = 2 + extended + (this.mask ? 4 : 0);
-    const frame = Buffer.allocUnsafe(headerLength + length);
+    const pad = (4 - (headerLength % 4)) % 4;
+    const frame = Buffer.allocUnsafe(pad + headerLength + length).subarray(pad);
     frame[0] = 0x80 | opcode; // FIN: every message is one frame
     const maskBit = this.mask ? 0x80 : 0;
     if (extended === 0) frame[1] = maskBit | length;
@@ -118,13 +125,17 @@ export class WebSocketPipe extends Duplex {
       frame.writeUInt32BE(Math.floor(length / 0x100000000), 2);
       frame.writeUInt32BE(length >>> 0, 6);
     }
-    if (!this.mask) {
-      payload.copy(frame, headerLength);
-      return frame;
+    let at = headerLength;
+    for (const p of parts) {
+      p.copy(frame, at);
+      at += p.length;
     }
-    const keyAt = headerLength - 4;
-    this.takeKey(frame, keyAt);
-    maskInto(payload, frame, headerLength, frame, keyAt);
+    if (this.mask) {
+      const keyAt = headerLength - 4;
+      this.takeKey(frame, keyAt);
+      const payload = frame.subarray(headerLength);
+      maskInto(payload, payload, 0, frame, keyAt);
+    }
     return frame;
   }
 
@@ -142,12 +153,20 @@ export class WebSocketPipe extends Duplex {
     this.closeSent = true;
     const payload = Buffer.alloc(2);
     payload.writeUInt16BE(code, 0);
-    this.socket.write(this.frame(OP_CLOSE, payload));
+    this.socket.write(this.frame(OP_CLOSE, [payload]));
   }
 
   // --- reading ------------------------------------------------------------------------------------
 
   private onChunk(chunk: Buffer): void {
+    if (this.streamLeft > 0) {
+      // The rest of an unmasked binary frame: handed on as views, never joined.
+      const n = Math.min(this.streamLeft, chunk.length);
+      this.streamLeft -= n;
+      this.pushData(n === chunk.length ? chunk : chunk.subarray(0, n));
+      if (n === chunk.length) return;
+      chunk = chunk.subarray(n);
+    }
     this.chunks.push(chunk);
     this.buffered += chunk.length;
     let buf = this.chunks.length === 1 ? (this.chunks[0] as Buffer) : Buffer.concat(this.chunks, this.buffered);
@@ -188,6 +207,14 @@ export class WebSocketPipe extends Duplex {
     }
     const keyAt = at;
     if (masked) at += 4;
+    const data = opcode === OP_BINARY || opcode === OP_CONTINUATION;
+    if (data && !masked && buf.length - at < length) {
+      // Stream the payload: what is here now, the rest as it comes (onChunk).
+      const have = buf.length - at;
+      this.streamLeft = length - have;
+      if (have > 0) this.pushData(buf.subarray(at));
+      return buf.length;
+    }
     if (buf.length - at < length) return undefined;
     let payload = buf.subarray(at, at + length);
     if (masked) {
@@ -199,15 +226,14 @@ export class WebSocketPipe extends Duplex {
     switch (opcode) {
       case OP_BINARY:
       case OP_CONTINUATION:
-        // A view into the read, which nothing writes to again.
-        if (payload.length > 0 && !this.push(payload)) this.socket.pause();
+        this.pushData(payload);
         break;
       case OP_TEXT:
         // client-go's TunnelingConnection: "invalid message type received".
         this.fail(new Error('a text message on a port-forward tunnel'));
         return 'stop';
       case OP_PING:
-        this.socket.write(this.frame(OP_PONG, Buffer.from(payload)));
+        this.socket.write(this.frame(OP_PONG, [Buffer.from(payload)]));
         break;
       case OP_PONG:
         break;
@@ -221,6 +247,11 @@ export class WebSocketPipe extends Duplex {
         return 'stop';
     }
     return end;
+  }
+
+  /** A view into the read, which nothing writes to again: pushed as it is. */
+  private pushData(payload: Buffer): void {
+    if (payload.length > 0 && !this.push(payload)) this.socket.pause();
   }
 
   private fail(err: Error): void {
