@@ -7,7 +7,8 @@ import { PortAllocator } from './core/port-allocator.js';
 import { ProxierHealth } from './core/proxier-health.js';
 import type { ProxyConfig } from './config.js';
 import { createPortal } from './create-portal.js';
-import { createSource } from './create-source.js';
+import { createDialer } from './create-dialer.js';
+import { createSource, loadCluster } from './create-source.js';
 import { descriptorBudget } from './core/descriptor-budget.js';
 import { readOpenFileLimit, warnOnLowOpenFileLimit } from './fd-limit.js';
 import { followProxier, startHealthServer } from './io/http/healthz.js';
@@ -100,6 +101,11 @@ async function start(config: ProxyConfig, logger: Logger, started: Started): Pro
   const limit = readOpenFileLimit();
   const budget = descriptorBudget(limit === undefined ? Infinity : Math.min(limit.soft, limit.hard));
   if (budget.maxListeners !== Infinity) logger.debug({ ...budget }, 'open files: listening sockets bounded so that connections keep theirs');
+  // Before anything is started: no cluster to be found is one line and exit 2. The source and the
+  // port-forward dialer share it (one kubeconfig, one set of credentials).
+  const cluster = config.stateFile ? undefined : await loadCluster(config, { logger });
+  const dialer = createDialer(config, logger, cluster);
+  started.add(async () => dialer.close());
   const demand: Demand = {};
   // --workers N >= 2: the sockets live in worker processes, launched once the source is found.
   const workers = resolveWorkers(config.workers);
@@ -107,7 +113,7 @@ async function start(config: ProxyConfig, logger: Logger, started: Started): Pro
   const units: UnitSet = pool ?? new LocalUnitSet({
     logger,
     balancerFactory: (deps) => new RoundRobinBalancer({ ...deps, outlier: config.outlier }),
-    socketFactory: proxySocketFactory(config, logger, receiveBuffers, (unit) => demand.events?.needPods(unit.servicePort)),
+    socketFactory: proxySocketFactory(config, logger, receiveBuffers, (unit) => demand.events?.needPods(unit.servicePort), dialer),
     portAllocator: new PortAllocator(config.proxyPortRange, Math.random),
     clock: systemClock,
     random: Math.random,
@@ -124,6 +130,7 @@ async function start(config: ProxyConfig, logger: Logger, started: Started): Pro
     node: { name: nodeName },
     minSyncPeriodMs: config.minSyncPeriodMs,
     syncPeriodMs: config.syncPeriodMs,
+    ...(dialer.reach ? { reach: dialer.reach } : {}),
   });
   started.add(() => proxier.shutdown(0));
   const health = new ProxierHealth(2 * config.syncPeriodMs, { clock: systemClock, wallNow: Date.now });
@@ -134,7 +141,7 @@ async function start(config: ProxyConfig, logger: Logger, started: Started): Pro
     demand.events = events;
     started.add(async () => events.stop());
   };
-  const source = await createSource(config, { logger, nodeName, onNode: (node) => health.setNode(node), onApi });
+  const source = await createSource(config, { logger, nodeName, onNode: (node) => health.setNode(node), onApi, ...(cluster ? { cluster } : {}) });
   await portal.start();
   if (pool) {
     await pool.launch();
@@ -186,6 +193,7 @@ async function start(config: ProxyConfig, logger: Logger, started: Started): Pro
       // proxy that is draining; portal rules stay in place for the next start to take over.
       const result = await proxier.shutdown(graceMs);
       demand.events?.stop();
+      dialer.close();
       // The hosts-file block goes last: names keep resolving while connections drain.
       await Promise.all([admin.close(), healthz.server.close(), serviceHealth.close(), names.stop()]);
       return result;

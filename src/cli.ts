@@ -1,5 +1,5 @@
 import { Command, CommanderError, Option } from 'commander';
-import { DEFAULTS, type RawOptions } from './config.js';
+import { DEFAULTS, DIALERS, type RawOptions } from './config.js';
 import { PORTAL_MODES } from './seams/portal.js';
 import { VERSION } from './version.js';
 
@@ -34,6 +34,8 @@ export function buildProgram(capture: { out: string; err: string }): Command {
     .option('--portal <mode>', `how traffic reaches the proxy: ${PORTAL_MODES.join(', ')} (default: ${DEFAULTS.portal})`)
     .option('--kubeconfig <file>', 'path to a kubeconfig file (default: in-cluster, then $KUBECONFIG, then ~/.kube/config)')
     .option('--master <url>', 'the Kubernetes API server address (overrides the kubeconfig)')
+    .option('--dialer <kind>', `how endpoints are reached: ${DIALERS.join(', ')} (through the API server's pods/portforward, for a laptop that cannot reach pod IPs; TCP only) (default: ${DEFAULTS.dialer})`)
+    .option('--namespace <name>', 'watch only this namespace (repeatable; default: all), for RBAC scoped to namespaces', (value: string, previous: string[] | undefined) => [...(previous ?? []), value])
     .option('--hostname-override <name>', 'the name of this node (default: the hostname)')
     .option('--bind-address <ip>', `the address proxy ports listen on (default: ${DEFAULTS.bindAddress})`)
     .option('--proxy-port-range <range>', 'the range of host ports for proxy ports (a-b, a+n or p; default: the kernel picks)')
@@ -72,7 +74,7 @@ const STRING_OPTIONS = [
   'config', 'writeConfigTo', 'state', 'portal', 'kubeconfig', 'master', 'hostnameOverride', 'bindAddress',
   'proxyPortRange', 'udpTimeout', 'maxUdpSessions', 'tcpKeepalive', 'tcpIdleTimeout', 'workers', 'metricsBindAddress', 'healthzBindAddress',
   'iptablesSyncPeriod', 'iptablesMinSyncPeriod', 'nodeportAddresses', 'serviceClusterIpRange',
-  'shutdownGracePeriod', 'configSyncPeriod', 'logLevel', 'dnsBindAddress', 'clusterDomain', 'hostsFile',
+  'shutdownGracePeriod', 'configSyncPeriod', 'logLevel', 'dnsBindAddress', 'clusterDomain', 'hostsFile', 'dialer',
   'outlierConsecutiveFailures', 'outlierBaseEjectionTime', 'outlierMaxEjectionTime', 'outlierMaxEjectionPercent',
   'holdMaxPerServicePort', 'holdMaxPerNode',
 ] as const satisfies ReadonlyArray<keyof RawOptions>;
@@ -90,7 +92,7 @@ export function parseCommandLine(argv: readonly string[]): CliOutcome {
     }
     throw err;
   }
-  const o = program.opts<Record<string, string | boolean | undefined>>();
+  const o = program.opts<Record<string, string | string[] | boolean | undefined>>();
   const options: RawOptions = {};
   const s = (k: string): string | undefined => (typeof o[k] === 'string' ? (o[k]) : undefined);
   // Commander names each value after its flag in camelCase, as RawOptions does; only the two
@@ -105,5 +107,6 @@ export function parseCommandLine(argv: readonly string[]): CliOutcome {
   if (minSyncPeriod !== undefined) options.iptablesMinSyncPeriod = minSyncPeriod;
   if (o.cleanup === true) options.cleanup = true;
   if (o.emitEvents === true) options.emitEvents = true;
+  if (Array.isArray(o.namespace)) options.namespaces = o.namespace;
   return { kind: 'run', options };
 }

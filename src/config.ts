@@ -8,6 +8,10 @@ import { LOG_LEVELS } from './log.js';
 import { PORTAL_MODES, type PortalMode } from './seams/portal.js';
 import type { LevelWithSilent } from 'pino';
 
+/** How endpoints are reached: a TCP connect to the endpoint, or a stream through the API server's pods/portforward. */
+export const DIALERS = ['direct', 'port-forward'] as const;
+export type DialerKind = (typeof DIALERS)[number];
+
 /** The validated configuration every part is built from. */
 export interface ProxyConfig {
   /** `--state FILE`: Services and EndpointSlices from a file instead of the API. */
@@ -27,6 +31,10 @@ export interface ProxyConfig {
   hostnameOverride?: string;
   kubeconfig?: string;
   master?: string;
+  /** `--dialer`: how endpoints are reached. */
+  dialer: DialerKind;
+  /** `--namespace` (repeatable): the namespaces watched; empty: all. */
+  namespaces: string[];
   syncPeriodMs: number;
   minSyncPeriodMs: number;
   /**
@@ -77,6 +85,9 @@ export interface RawOptions {
   hostnameOverride?: string;
   kubeconfig?: string;
   master?: string;
+  dialer?: string;
+  /** `--namespace`, once per namespace. */
+  namespaces?: string[];
   iptablesSyncPeriod?: string;
   iptablesMinSyncPeriod?: string;
   nodeportAddresses?: string;
@@ -123,6 +134,7 @@ export const DEFAULTS = {
   outlierMaxEjectionPercent: String(DEFAULT_OUTLIER_POLICY.maxEjectionPercent),
   holdMaxPerServicePort: '100',
   holdMaxPerNode: '1000',
+  dialer: 'direct' as DialerKind,
 };
 
 /**
@@ -205,6 +217,16 @@ function outlierPolicy(raw: RawOptions): OutlierPolicy {
   return policy;
 }
 
+/** A namespace is a DNS-1123 label: lower-case letters, digits and '-', at most 63, alphanumeric at both ends. */
+function namespaceList(names: readonly string[]): string[] {
+  for (const n of names) {
+    if (!/^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/.test(n)) {
+      throw new UsageError(`--namespace: "${n}" is not a namespace name (lower-case letters, digits and '-', at most 63 characters)`);
+    }
+  }
+  return [...new Set(names)];
+}
+
 /** Options (flags, later merged with a config file) -> validated ProxyConfig. Pure. */
 export function buildConfig(raw: RawOptions): ProxyConfig {
   const portal = oneOf('portal', raw.portal ?? DEFAULTS.portal, PORTAL_MODES);
@@ -248,6 +270,8 @@ export function buildConfig(raw: RawOptions): ProxyConfig {
     holdMaxPerServicePort: wholeNumber('hold-max-per-service-port', raw.holdMaxPerServicePort ?? DEFAULTS.holdMaxPerServicePort, 0),
     holdMaxPerNode: wholeNumber('hold-max-per-node', raw.holdMaxPerNode ?? DEFAULTS.holdMaxPerNode, 0),
     emitEvents: raw.emitEvents ?? false,
+    dialer: oneOf('dialer', raw.dialer ?? DEFAULTS.dialer, DIALERS),
+    namespaces: namespaceList(raw.namespaces ?? []),
     cleanup: raw.cleanup ?? false,
   };
   if (raw.dnsBindAddress) {
@@ -267,6 +291,17 @@ export function buildConfig(raw: RawOptions): ProxyConfig {
   if (raw.master) config.master = raw.master;
   if (config.emitEvents && config.stateFile) {
     throw new UsageError('--emit-events posts Events to the Kubernetes API, and --state serves a file: drop one of them');
+  }
+  if (config.stateFile && config.dialer === 'port-forward') {
+    throw new UsageError('--dialer port-forward reaches pods through the API server: it needs a cluster (--kubeconfig), not --state');
+  }
+  // The port-forward dialer holds the cluster's credentials and its tunnels in this process.
+  if (config.dialer === 'port-forward' && config.workers !== 1) {
+    if (raw.workers !== undefined) throw new UsageError('--dialer port-forward serves from the proxy\'s own process: use --workers 1');
+    config.workers = 1;
+  }
+  if (config.stateFile && config.namespaces.length > 0) {
+    throw new UsageError('--namespace chooses what is watched in a cluster; --state serves its file whole: drop one of them');
   }
   if (config.minSyncPeriodMs > config.syncPeriodMs) {
     throw new UsageError(`--iptables-min-sync-period (${raw.iptablesMinSyncPeriod ?? `default ${DEFAULTS.iptablesMinSyncPeriod}`}) must not exceed --iptables-sync-period (${raw.iptablesSyncPeriod ?? `default ${DEFAULTS.iptablesSyncPeriod}`})`);

@@ -5,7 +5,7 @@ import type { Logger } from './log.js';
 import { HttpKubeApi } from './io/kube/api-client.js';
 import { ApiSource } from './io/kube/api-source.js';
 import { FileSource } from './io/kube/file-source.js';
-import type { KubeConfigEnv } from './io/kube/kubeconfig.js';
+import type { KubeConfigEnv, LoadedKubeConfig } from './io/kube/kubeconfig.js';
 import { errnoCode } from './core/errors.js';
 import type { Source } from './seams/source.js';
 
@@ -21,6 +21,8 @@ export interface CreateSourceDeps {
   onApi?: (api: HttpKubeApi) => void;
   /** Tests only: where kubeconfig files and the in-cluster token are looked for. */
   kubeConfigEnv?: KubeConfigEnv;
+  /** The cluster as loadCluster found it, when the caller needed it first (the port-forward dialer). */
+  cluster?: LoadedKubeConfig;
 }
 
 /**
@@ -38,19 +40,29 @@ export async function createSource(config: ProxyConfig, deps: CreateSourceDeps):
     }
     return new FileSource({ path: config.stateFile, logger: deps.logger.child({ component: 'file-source' }) });
   }
-  const { loadKubeConfig } = await loadKubeConfigModule();
-  const flags = { ...(config.kubeconfig ? { kubeconfig: config.kubeconfig } : {}), ...(config.master ? { master: config.master } : {}) };
-  const loaded = loadKubeConfig(flags, deps.kubeConfigEnv);
-  if (loaded.insecure) deps.logger.warn({ server: loaded.server }, 'the API server is reached over plain HTTP: nothing authenticates it');
-  deps.logger.info({ server: loaded.server, kubeconfig: loaded.origin }, 'Kubernetes API');
+  const loaded = deps.cluster ?? (await loadCluster(config, deps));
   const api = new HttpKubeApi(loaded.kc);
   deps.onApi?.(api);
   return new ApiSource({
     api,
     nodeName: deps.nodeName,
     logger: deps.logger,
+    ...(config.namespaces.length > 0 ? { namespaces: config.namespaces } : {}),
     ...(deps.onNode ? { onNode: deps.onNode } : {}),
   });
+}
+
+/**
+ * The cluster: --kubeconfig, in-cluster credentials, $KUBECONFIG or ~/.kube/config, with --master
+ * on top (kubeconfig.ts). Throws UsageError when none can be found. Precondition: not --state.
+ */
+export async function loadCluster(config: ProxyConfig, deps: Pick<CreateSourceDeps, 'logger' | 'kubeConfigEnv'>): Promise<LoadedKubeConfig> {
+  const { loadKubeConfig } = await loadKubeConfigModule();
+  const flags = { ...(config.kubeconfig ? { kubeconfig: config.kubeconfig } : {}), ...(config.master ? { master: config.master } : {}) };
+  const loaded = loadKubeConfig(flags, deps.kubeConfigEnv);
+  if (loaded.insecure) deps.logger.warn({ server: loaded.server }, 'the API server is reached over plain HTTP: nothing authenticates it');
+  deps.logger.info({ server: loaded.server, kubeconfig: loaded.origin }, 'Kubernetes API');
+  return loaded;
 }
 
 async function loadKubeConfigModule(): Promise<typeof import('./io/kube/kubeconfig.js')> {

@@ -4,7 +4,7 @@ import { hostPort, isIP, parseCidrFlag, parseHostPort } from './core/address.js'
 import { parseClusterDomain } from './core/cluster-names.js';
 import { formatDuration, parseDuration } from './core/duration.js';
 import { formatPortRange, parsePortRange } from './core/port-allocator.js';
-import { parseWorkers, type ProxyConfig, type RawOptions } from './config.js';
+import { DIALERS, parseWorkers, type ProxyConfig, type RawOptions } from './config.js';
 import { ProxyError, UsageError, errnoCode } from './core/errors.js';
 import { PORTAL_MODES } from './seams/portal.js';
 import { LOG_LEVELS } from './log.js';
@@ -215,6 +215,8 @@ const SCHEMA: Schema = {
       holdMaxPerServicePort: countOption('holdMaxPerServicePort'),
       holdMaxPerNode: countOption('holdMaxPerNode'),
       emitEvents: { type: 'boolean', apply: (v, _at, out) => { out.emitEvents = v as boolean; } },
+      dialer: { type: 'string', apply: (v, at, out) => { out.dialer = oneOf(v as string, DIALERS, at); } },
+      namespaces: { type: 'stringList', apply: (v, _at, out) => { if ((v as string[]).length > 0) out.namespaces = v as string[]; } },
     },
   },
 };
@@ -444,6 +446,8 @@ export function toKubeProxyConfiguration(config: ProxyConfig): Record<string, un
       holdMaxPerServicePort: config.holdMaxPerServicePort,
       holdMaxPerNode: config.holdMaxPerNode,
       emitEvents: config.emitEvents,
+      dialer: config.dialer,
+      namespaces: config.namespaces,
     },
   };
 }

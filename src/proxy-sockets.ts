@@ -9,6 +9,7 @@ import type { UdpReceiveBuffers } from './io/net/udp-receive-buffers.js';
 import type { Logger } from './log.js';
 import type { ProxySocketFactory } from './proxier/unit-set.js';
 import type { ProxySocket } from './seams/proxy-socket.js';
+import type { CreatedDialer } from './create-dialer.js';
 
 export interface ProxySocketSettings {
   udpIdleTimeoutMs: number;
@@ -29,8 +30,10 @@ export interface ProxySocketSettings {
  * `onHoldEpisode` is told when a port starts holding connections for want of endpoints (demand:
  * the controller turns it into a NeedPods Event with --emit-events).
  */
-export function proxySocketFactory(settings: ProxySocketSettings, logger: Logger, receiveBuffers: UdpReceiveBuffers, onHoldEpisode?: (unit: ProxyUnit) => void): ProxySocketFactory {
-  const dialer = new DirectDialer({ keepAliveMs: settings.tcpKeepAliveMs });
+export function proxySocketFactory(settings: ProxySocketSettings, logger: Logger, receiveBuffers: UdpReceiveBuffers, onHoldEpisode?: (unit: ProxyUnit) => void, created?: Pick<CreatedDialer, 'dialer' | 'dialTimeoutsMs'>): ProxySocketFactory {
+  // The direct dialer unless one was made for the controller's own unit set (--dialer port-forward).
+  const dialer = created?.dialer ?? new DirectDialer({ keepAliveMs: settings.tcpKeepAliveMs });
+  const dialTimeouts = created?.dialTimeoutsMs ? { dialTimeoutsMs: created.dialTimeoutsMs } : {};
   const reusePort = settings.reusePort ?? false;
   const holdBudget = new HoldBudget(settings.holdMaxPerServicePort, settings.holdMaxPerNode);
   // Many Services scaled to zero can start episodes every hold period: said at most every 10 s.
@@ -48,6 +51,6 @@ export function proxySocketFactory(settings: ProxySocketSettings, logger: Logger
     if (unit.protocol === 'UDP') {
       return new UdpProxySocket({ name: unit.id, balancer, logger, stats, idleTimeoutMs: settings.udpIdleTimeoutMs, maxSessions: settings.maxUdpSessions, receiveBuffers, reusePort, ...hold });
     }
-    return new TcpProxySocket({ name: unit.id, balancer, dialer, logger, stats, reusePort, keepAliveMs: settings.tcpKeepAliveMs, idleTimeoutMs: settings.tcpIdleTimeoutMs, holdBudget, ...hold });
+    return new TcpProxySocket({ name: unit.id, balancer, dialer, logger, stats, reusePort, keepAliveMs: settings.tcpKeepAliveMs, idleTimeoutMs: settings.tcpIdleTimeoutMs, holdBudget, ...dialTimeouts, ...hold });
   };
 }

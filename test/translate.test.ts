@@ -51,7 +51,7 @@ describe('translateService on objects from a real API server', () => {
       externalTrafficPolicy: 'Cluster',
       healthCheckNodePort: 0,
       endpoints: [
-        { ip: '10.244.1.5', port: 8080, ready: true, serving: true, terminating: false, nodeName: 'node1', zone: 'zone-a' },
+        { ip: '10.244.1.5', port: 8080, ready: true, serving: true, terminating: false, nodeName: 'node1', zone: 'zone-a', targetPod: { namespace: 'default', name: 'web-1' } },
         { ip: '10.244.2.7', port: 8080, ready: false, serving: true, terminating: true, nodeName: 'node2', zone: 'zone-b' },
       ],
       lastChangeTriggerTime: Date.parse('2026-11-22T10:00:00Z'),

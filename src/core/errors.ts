@@ -10,6 +10,7 @@ export type ProxyErrorCode =
   | 'PORT_RANGE_EXHAUSTED'
   | 'PORTAL' // a portal could not be programmed
   | 'API' // the Kubernetes API answered with an error
+  | 'PORT_FORWARD' // a port-forward tunnel or stream to a pod failed
   | 'INTERNAL'; // a bug: an invariant did not hold
 
 export class ProxyError extends Error {

@@ -40,6 +40,14 @@ export interface EndpointInfo {
   zoneHints?: string[];
   /** `hints.forNodes[].name`, when the slice carries them. */
   nodeHints?: string[];
+  /** The Pod behind the endpoint (`targetRef` of kind Pod), when the slice names one. */
+  targetPod?: PodRef;
+}
+
+/** A Pod by name: what a dialer that reaches pods through the API server (port-forward) needs. */
+export interface PodRef {
+  namespace: string;
+  name: string;
 }
 
 /** An endpoint chosen to receive traffic: what a balancer hands out and a dialer dials. */
@@ -49,11 +57,14 @@ export interface Endpoint {
   /** `ip:port`, or `[ip]:port` for IPv6: the endpoint's identity in balancers and logs. */
   addr: string;
   nodeName?: string;
+  /** The Pod behind it, when the EndpointSlice names one (`targetRef`). */
+  targetPod?: PodRef;
 }
 
-export function toEndpoint(e: Pick<EndpointInfo, 'ip' | 'port' | 'nodeName'>): Endpoint {
+export function toEndpoint(e: Pick<EndpointInfo, 'ip' | 'port' | 'nodeName' | 'targetPod'>): Endpoint {
   const ep: Endpoint = { ip: e.ip, port: e.port, addr: hostPort({ host: e.ip, port: e.port }) };
   if (e.nodeName !== undefined) ep.nodeName = e.nodeName;
+  if (e.targetPod !== undefined) ep.targetPod = e.targetPod;
   return ep;
 }
 

@@ -1,6 +1,8 @@
 import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
+import { hostPort } from './address.js';
 import { categorizeEndpoints, lacksLocalEndpoints } from './endpoints.js';
-import type { NodeInfo } from './model.js';
+import type { EndpointInfo, NodeInfo, Protocol, ServicePort } from './model.js';
+import type { ReachPolicy } from './reach.js';
 import { translateService } from './translate.js';
 import { planUnits, type ProxyUnit } from './units.js';
 
@@ -27,8 +29,17 @@ export interface NoLocalCounts {
   external: number;
 }
 
+/** A service port the dialer cannot carry (a UDP port through port-forward): listed, not served. */
+export interface NotServedPort {
+  servicePort: string;
+  protocol: Protocol;
+  reason: string;
+}
+
 export interface ServicePlan {
   units: ProxyUnit[];
+  /** Ports left out because the dialer cannot carry them; absent when none. */
+  notServed?: NotServedPort[];
   /** Set when the Service has a healthCheckNodePort. */
   health?: ServiceHealth;
   noLocal: NoLocalCounts;
@@ -40,16 +51,25 @@ export interface ServicePlan {
 
 const NOTHING: NoLocalCounts = Object.freeze({ internal: 0, external: 0 });
 
-/** Plans one Service (`key` is `ns/name`); an absent Service plans nothing. */
-export function planService(key: string, svc: V1Service | undefined, slices: readonly V1EndpointSlice[], node: NodeInfo): ServicePlan {
+/**
+ * Plans one Service (`key` is `ns/name`); an absent Service plans nothing. With a reach policy
+ * (the dialer's: port-forward's), ports it cannot carry are listed as not served and endpoints it
+ * cannot dial are left out of the balancers, each said once as a notice.
+ */
+export function planService(key: string, svc: V1Service | undefined, slices: readonly V1EndpointSlice[], node: NodeInfo, reach?: ReachPolicy): ServicePlan {
   if (svc === undefined) return { units: [], noLocal: NOTHING, notices: [] };
   const translated = translateService(svc, slices);
   if (translated.skipped !== undefined) return { units: [], noLocal: NOTHING, skipped: translated.skipped, notices: [] };
   const noLocal = { internal: 0, external: 0 };
   const units: ProxyUnit[] = [];
+  const notices = [...translated.notices];
+  const notServed: NotServedPort[] = [];
   let healthCheckNodePort = 0;
   let localIPs: Set<string> | undefined;
-  for (const sp of translated.ports) {
+  for (const translatedPort of translated.ports) {
+    const reached = reachable(translatedPort, reach, notices, notServed);
+    if (reached === undefined) continue;
+    const { sp, unreachable } = reached;
     const sets = categorizeEndpoints(sp, node);
     const lacks = lacksLocalEndpoints(sp, sets);
     if (lacks.internal) noLocal.internal++;
@@ -59,11 +79,41 @@ export function planService(key: string, svc: V1Service | undefined, slices: rea
       localIPs ??= new Set();
       for (const ep of sp.endpoints) if (ep.ready && node.name !== '' && ep.nodeName === node.name) localIPs.add(ep.ip);
     }
-    for (const u of planUnits(sp, sets)) units.push(u);
+    for (const u of planUnits(sp, sets)) units.push(unreachable.length > 0 ? { ...u, unreachable } : u);
   }
-  const plan: ServicePlan = { units, noLocal, notices: translated.notices };
+  const plan: ServicePlan = { units, noLocal, notices };
+  if (notServed.length > 0) plan.notServed = notServed;
   if (healthCheckNodePort > 0) plan.health = { service: key, healthCheckNodePort, localEndpoints: localIPs?.size ?? 0 };
   return plan;
+}
+
+/**
+ * The port as the dialer can serve it: undefined when it cannot at all (listed in `notServed`),
+ * else with the endpoints it cannot dial taken out and listed with why. Each reason is a notice.
+ */
+function reachable(sp: ServicePort, reach: ReachPolicy | undefined, notices: string[], notServed: NotServedPort[]): { sp: ServicePort; unreachable: Array<{ endpoint: string; reason: string }> } | undefined {
+  if (reach === undefined) return { sp, unreachable: [] };
+  const why = reach.protocol(sp.protocol);
+  if (why !== undefined) {
+    notServed.push({ servicePort: sp.key, protocol: sp.protocol, reason: why });
+    notices.push(`${sp.protocol} port "${sp.name.port}" is not served: ${why}`);
+    return undefined;
+  }
+  const kept: EndpointInfo[] = [];
+  const unreachable: Array<{ endpoint: string; reason: string }> = [];
+  const byReason = new Map<string, string[]>();
+  for (const ep of sp.endpoints) {
+    const reason = reach.endpoint(ep);
+    if (reason === undefined) {
+      kept.push(ep);
+      continue;
+    }
+    const addr = hostPort({ host: ep.ip, port: ep.port });
+    unreachable.push({ endpoint: addr, reason });
+    byReason.set(reason, [...(byReason.get(reason) ?? []), addr]);
+  }
+  for (const [reason, addrs] of byReason) notices.push(`port "${sp.name.port}": endpoint${addrs.length > 1 ? 's' : ''} ${addrs.join(', ')} left out: ${reason}`);
+  return { sp: unreachable.length > 0 ? { ...sp, endpoints: kept } : sp, unreachable };
 }
 
 /**

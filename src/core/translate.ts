@@ -170,7 +170,7 @@ function endpointsFor(slices: readonly V1EndpointSlice[], portName: string, prot
         continue;
       }
       for (const ep of slice.endpoints ?? []) {
-        const info = endpointInfo(ep, sp.port);
+        const info = endpointInfo(ep, sp.port, slice.metadata?.namespace || 'default');
         if (info === undefined) continue;
         const addr = hostPort({ host: info.ip, port: info.port });
         const existing = byAddr.get(addr);
@@ -183,7 +183,7 @@ function endpointsFor(slices: readonly V1EndpointSlice[], portName: string, prot
 
 type SliceEndpoint = NonNullable<V1EndpointSlice['endpoints']>[number];
 
-function endpointInfo(ep: SliceEndpoint, port: number): EndpointInfo | undefined {
+function endpointInfo(ep: SliceEndpoint, port: number, namespace: string): EndpointInfo | undefined {
   const ip = ep.addresses?.[0];
   if (ip === undefined) return undefined;
   const c = ep.conditions ?? {};
@@ -193,6 +193,9 @@ function endpointInfo(ep: SliceEndpoint, port: number): EndpointInfo | undefined
   if (ep.zone) info.zone = ep.zone;
   if (ep.hints?.forZones?.length) info.zoneHints = ep.hints.forZones.map((h) => h.name);
   if (ep.hints?.forNodes?.length) info.nodeHints = ep.hints.forNodes.map((h) => h.name);
+  const ref = ep.targetRef;
+  // A targetRef without a namespace is in the slice's own (the controller always sets it).
+  if (ref?.kind === 'Pod' && ref.name) info.targetPod = { namespace: ref.namespace || namespace, name: ref.name };
   return info;
 }
 

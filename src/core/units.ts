@@ -26,6 +26,8 @@ export interface ProxyUnit {
   loadBalancer?: BalancerAlgorithm;
   /** Hold connections this long while there are no endpoints; absent: reset them at once. */
   holdWhenEmptyMs?: number;
+  /** Endpoints of the port the dialer cannot reach (core/reach.ts), with why; absent when none. */
+  unreachable?: Array<{ endpoint: string; reason: string }>;
 }
 
 export interface EndpointSets {

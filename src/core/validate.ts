@@ -234,7 +234,21 @@ function checkSliceEndpoints(r: Report, endpoints: unknown, addressType: unknown
     if (ep.nodeName !== undefined && typeof ep.nodeName !== 'string') r.fail(`${at}.nodeName`, 'must be a string');
     if (ep.zone !== undefined && typeof ep.zone !== 'string') r.fail(`${at}.zone`, 'must be a string');
     checkHints(r, `${at}.hints`, ep.hints);
+    checkTargetRef(r, `${at}.targetRef`, ep.targetRef);
   });
+}
+
+/** The port-forward dialer reaches an endpoint's pod by these names. */
+function checkTargetRef(r: Report, at: string, ref: unknown): void {
+  if (ref === undefined || ref === null) return;
+  if (!isRecord(ref)) {
+    r.fail(at, 'must be an object');
+    return;
+  }
+  for (const field of ['kind', 'namespace', 'name']) {
+    const v = ref[field];
+    if (v !== undefined && v !== null && typeof v !== 'string') r.fail(`${at}.${field}`, `must be a string, got ${show(v)}`);
+  }
 }
 
 /** FQDN slices are ignored by the proxy, so their addresses are not checked as IPs. */

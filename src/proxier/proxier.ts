@@ -3,7 +3,8 @@ import { Backoff } from '../core/backoff.js';
 import type { Clock, RandomSource } from '../core/clock.js';
 import type { NodeInfo, ObjectProblem } from '../core/model.js';
 import { problemString } from '../core/model.js';
-import { PlanTotals, planService, type ServiceHealth } from '../core/plan.js';
+import { PlanTotals, planService, type NotServedPort, type ServiceHealth } from '../core/plan.js';
+import type { ReachPolicy } from '../core/reach.js';
 import { StateCache } from '../core/state-cache.js';
 import { Topic } from '../core/topic.js';
 import { diffUnits, type ProxyUnit } from '../core/units.js';
@@ -28,6 +29,8 @@ export interface ProxierOptions {
   syncPeriodMs: number;
   /** The first retry after a sync that failed (default 1 s); later ones back off up to the sync period. */
   syncRetryMs?: number;
+  /** What the dialer can reach (port-forward: TCP to pods); none: everything. */
+  reach?: ReachPolicy;
 }
 
 /** What /services reports for a unit: the unit set's view, with the portal that serves it. */
@@ -61,6 +64,8 @@ export class Proxier implements ProxierEvents {
   private readonly noticed = new Set<string>();
   /** Services whose plan threw, with the message last logged for each. */
   private readonly broken = new Map<string, string>();
+  /** Ports the dialer cannot carry, per Service key: listed in status(), never served. */
+  private readonly notServed = new Map<string, NotServedPort[]>();
   private readonly changes: Topic<ChangeEvent>;
   private readonly syncs: Topic<SyncEvent>;
   private readonly retry: Backoff;
@@ -155,7 +160,27 @@ export class Proxier implements ProxierEvents {
 
   status(): ServicePortStatus[] {
     const portal = this.opts.portal.mode;
-    return this.units.status().map((s) => ({ ...s, portal }));
+    const running = this.units.status().map((s) => ({ ...s, portal }));
+    if (this.notServed.size === 0) return running;
+    const listed: ServicePortStatus[] = [...this.notServed.values()].flat().map((n) => ({
+      name: n.servicePort,
+      servicePort: n.servicePort,
+      protocol: n.protocol,
+      scope: 'all',
+      portals: [],
+      reachable: [],
+      proxyPort: null,
+      endpoints: [],
+      sessionAffinity: 'None',
+      active: 0,
+      errors: [],
+      loadBalancer: 'round-robin',
+      setAside: [],
+      held: 0,
+      notServed: n.reason,
+      portal,
+    }));
+    return [...running, ...listed].sort((a, b) => a.name.localeCompare(b.name));
   }
 
   /** Active connections and sessions over every socket, running or retired. */
@@ -395,7 +420,9 @@ export class Proxier implements ProxierEvents {
   }
 
   private planOrThrow(key: string): ProxyUnit[] {
-    const plan = planService(key, this.cache.service(key), this.cache.slicesFor(key), this.opts.node);
+    const plan = planService(key, this.cache.service(key), this.cache.slicesFor(key), this.opts.node, this.opts.reach);
+    if (plan.notServed) this.notServed.set(key, plan.notServed);
+    else this.notServed.delete(key);
     if (plan.skipped !== undefined) this.noticeOnce(`${key}|skip|${plan.skipped}`, { service: key }, `skipping Service ${key}: ${plan.skipped}`);
     for (const n of plan.notices) this.noticeOnce(`${key}|${n}`, { service: key }, `Service ${key}: ${n}`);
     this.totals.set(key, this.cache.service(key) === undefined ? undefined : plan);

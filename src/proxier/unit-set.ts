@@ -387,6 +387,7 @@ function unitStatus(ru: RunningUnit): UnitStatus {
     held: ru.stats.held,
     active: ru.socket.active(),
     errors: ru.listeners.filter((l) => l.error).map((l) => l.error as string),
+    ...(ru.unit.unreachable ? { unreachable: ru.unit.unreachable } : {}),
   };
 }
 

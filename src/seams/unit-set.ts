@@ -83,6 +83,10 @@ export interface UnitStatus {
   held: number;
   active: number;
   errors: string[];
+  /** Endpoints left out because the dialer cannot reach them, with why. */
+  unreachable?: Array<{ endpoint: string; reason: string }>;
+  /** Why the port is not served at all (the dialer cannot carry its protocol): no listener then. */
+  notServed?: string;
 }
 
 export interface UnitStats {

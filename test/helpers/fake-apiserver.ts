@@ -3,6 +3,7 @@ import { EventEmitter } from 'node:events';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo, Server as NetServer, Socket } from 'node:net';
 import { KubeConfig } from '@kubernetes/client-node';
+import { FakePortForward } from './fake-port-forward.js';
 
 /**
  * A Kubernetes API server in-process, over HTTP on loopback, speaking the protocol the proxy
@@ -18,7 +19,12 @@ import { KubeConfig } from '@kubernetes/client-node';
  *   as `ADDED`/`DELETED`; the stream ends after `timeoutSeconds`;
  * - a resourceVersion older than the last compaction: HTTP 200 and one `ERROR` event whose
  *   object is a `Status` with code 410 (watch), or HTTP 410 with a Status body (list continue);
- * - a bearer token is required when `token` is set (401 Status otherwise).
+ * - a bearer token is required when `token` is set (401 Status otherwise);
+ * - the namespaced collections (`/api/v1/namespaces/{ns}/services`...), and RBAC as a developer
+ *   scoped to namespaces has it (`rbac`): 403 Status for a namespace not granted, for the cluster
+ *   scope, and for nodes;
+ * - pods/{name}/portforward over SPDY and WebSocket to loopback pods (`portForward`, see
+ *   fake-port-forward.ts), with the discovery and pod GETs kubectl makes first.
  *
  * One resourceVersion counter spans all resources, as etcd's revision does. Faults are
  * injected on purpose: dropped watch connections, clean watch ends, compaction, failing or held
@@ -49,6 +55,8 @@ export interface RequestRecord {
   /** Index in `requests`. */
   n: number;
   resource: ResourceName | undefined;
+  /** The namespace of a namespaced collection's path; undefined for all namespaces. */
+  namespace?: string;
   watch: boolean;
   query: Record<string, string>;
   authorization: string | undefined;
@@ -92,6 +100,13 @@ interface Failure {
 
 export class FakeApiServer {
   readonly requests: RequestRecord[] = [];
+  /** pods/portforward: the pods, their loopback ports, and the faults to inject. */
+  readonly portForward = new FakePortForward();
+  /**
+   * RBAC of a developer scoped to namespaces, when set: Services and EndpointSlices may be listed
+   * and watched only in `namespaces` (403 elsewhere and at the cluster scope), Nodes only if `nodes`.
+   */
+  rbac: { namespaces: Set<string>; nodes: boolean } | undefined;
   /** Requires `Authorization: Bearer <token>` when set. */
   token: string | undefined = 'fake-token';
   /** Events POSTed to /api/v1/namespaces/{ns}/events, as sent. */
@@ -311,6 +326,7 @@ export class FakeApiServer {
   }
 
   async close(): Promise<void> {
+    this.portForward.close();
     await this.down();
     this.events.removeAllListeners();
   }
@@ -356,6 +372,13 @@ export class FakeApiServer {
 
   private makeServer(): Server {
     const server = createServer((req, res) => void this.handle(req, res));
+    server.on('upgrade', (req: IncomingMessage, socket: Socket, head: Buffer) => {
+      if (this.token && req.headers.authorization !== `Bearer ${this.token}`) {
+        socket.end('HTTP/1.1 401 Unauthorized\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"Unauthorized","reason":"Unauthorized","code":401}');
+        return;
+      }
+      if (!this.portForward.handleUpgrade(req, socket, head)) socket.destroy();
+    });
     server.on('connection', (s: Socket) => {
       this.sockets.add(s);
       s.on('close', () => this.sockets.delete(s));
@@ -365,10 +388,10 @@ export class FakeApiServer {
 
   private async handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
     const url = new URL(req.url ?? '/', 'http://fake');
-    const resource = (Object.keys(FAKE_RESOURCES) as ResourceName[]).find((r) => FAKE_RESOURCES[r].path === url.pathname);
+    const { resource, namespace } = resourceOf(url.pathname);
     const query = Object.fromEntries(url.searchParams);
     const watch = query.watch === '1' || query.watch === 'true';
-    const rec: RequestRecord = { n: this.requests.length, resource, watch, query, authorization: req.headers.authorization, clientPort: req.socket.remotePort };
+    const rec: RequestRecord = { n: this.requests.length, resource, watch, query, authorization: req.headers.authorization, clientPort: req.socket.remotePort, ...(namespace !== undefined ? { namespace } : {}) };
     this.requests.push(rec);
     // Once on arrival (a held request is visible), once answered (with its status).
     this.events.emit('request', rec);
@@ -386,10 +409,18 @@ export class FakeApiServer {
       if (status === 403) sendStatus(res, 403, 'Forbidden', 'events is forbidden: cannot create resource "events"');
       return answer(status);
     }
+    if (!resource && this.portForward.handleRequest(req, res)) return answer(res.statusCode);
     if (!resource || req.method !== 'GET') {
       sendStatus(res, 404, 'NotFound', 'the server could not find the requested resource');
       return answer(404);
     }
+    const denied = this.forbidden(resource, namespace, watch ? 'watch' : 'list');
+    if (denied !== undefined) {
+      sendStatus(res, 403, 'Forbidden', denied);
+      return answer(403);
+    }
+    // A namespaced path serves that namespace's objects: its own field selector, in effect.
+    const served = namespace === undefined ? query : { ...query, fieldSelector: [query.fieldSelector, `metadata.namespace=${namespace}`].filter(Boolean).join(',') };
     for (const gate of this.gates.filter((g) => g.resource === resource && g.watch === watch)) await gate.opened;
     if (!this.isUp || res.destroyed) return;
     const failure = this.failures.find((f) => f.resource === resource && f.watch === watch && f.remaining > 0);
@@ -401,7 +432,7 @@ export class FakeApiServer {
     }
     let status: number;
     try {
-      status = watch ? this.serveWatch(resource, query, req, res, rec) : this.serveList(resource, query, res);
+      status = watch ? this.serveWatch(resource, served, req, res, rec) : this.serveList(resource, served, res);
     } catch (err) {
       sendStatus(res, 400, 'BadRequest', (err as Error).message);
       status = 400;
@@ -419,6 +450,18 @@ export class FakeApiServer {
     res.writeHead(201, { 'Content-Type': 'application/json' });
     res.end(JSON.stringify(created));
     return 201;
+  }
+
+  /** RBAC's answer, as the API server words it, when `rbac` denies the request. */
+  private forbidden(resource: ResourceName, namespace: string | undefined, verb: 'list' | 'watch'): string | undefined {
+    const rbac = this.rbac;
+    if (rbac === undefined) return undefined;
+    const info = FAKE_RESOURCES[resource];
+    const group = info.apiVersion.includes('/') ? info.apiVersion.split('/')[0] : '';
+    const who = `User "developer" cannot ${verb} resource "${resource}" in API group "${group}"`;
+    if (resource === 'nodes') return rbac.nodes ? undefined : `${resource} is forbidden: ${who} at the cluster scope`;
+    if (namespace === undefined) return `${resource} is forbidden: ${who} at the cluster scope`;
+    return rbac.namespaces.has(namespace) ? undefined : `${resource} is forbidden: ${who} in the namespace "${namespace}"`;
   }
 
   private serveList(resource: ResourceName, query: Record<string, string>, res: ServerResponse): number {
@@ -552,6 +595,19 @@ function decodeContinue(text: string): { id: string; offset: number } {
   } catch {
     throw new Error('invalid continue token');
   }
+}
+
+/** The resource a collection path names, and its namespace when the path is namespaced. */
+function resourceOf(path: string): { resource: ResourceName | undefined; namespace: string | undefined } {
+  for (const r of Object.keys(FAKE_RESOURCES) as ResourceName[]) {
+    const info = FAKE_RESOURCES[r];
+    if (info.path === path) return { resource: r, namespace: undefined };
+    if (!info.namespaced) continue;
+    const base = info.path.slice(0, info.path.lastIndexOf('/'));
+    const m = path.startsWith(`${base}/namespaces/`) ? /^([^/]+)\/([^/]+)$/.exec(path.slice(`${base}/namespaces/`.length)) : null;
+    if (m && m[2] === r) return { resource: r, namespace: decodeURIComponent(m[1] as string) };
+  }
+  return { resource: undefined, namespace: undefined };
 }
 
 /** labelSelector (`k`, `!k`, `k=v`, `k==v`, `k!=v`) and fieldSelector (metadata.name / metadata.namespace). */

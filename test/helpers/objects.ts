@@ -71,6 +71,8 @@ export interface EndpointSpec {
   terminating?: boolean;
   nodeName?: string;
   zone?: string;
+  /** The pod behind it (`targetRef`, in the slice's namespace); none for a selector-less Service's. */
+  pod?: string;
 }
 
 export interface SliceSpec {
@@ -105,6 +107,7 @@ export function endpointSlice(s: SliceSpec): Record<string, unknown> {
       },
       ...(e.nodeName ? { nodeName: e.nodeName } : {}),
       ...(e.zone ? { zone: e.zone } : {}),
+      ...(e.pod ? { targetRef: { kind: 'Pod', namespace: s.namespace ?? 'default', name: e.pod, uid: `uid-${e.pod}` } } : {}),
     })),
   };
 }

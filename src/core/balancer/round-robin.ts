@@ -419,9 +419,13 @@ function uniqueByAddr(endpoints: readonly Endpoint[]): Map<string, Endpoint> {
 }
 
 /** Precondition: `list` holds no duplicate addrs (setEndpoints stores it deduplicated). */
+/** The same addresses, each still in front of the same pod (a reused pod IP must reach the new pod). */
 function sameAddrs(list: readonly Endpoint[], next: ReadonlyMap<string, Endpoint>): boolean {
   if (list.length !== next.size) return false;
-  return list.every((ep) => next.has(ep.addr));
+  return list.every((ep) => {
+    const other = next.get(ep.addr);
+    return other !== undefined && ep.targetPod?.name === other.targetPod?.name && ep.targetPod?.namespace === other.targetPod?.namespace;
+  });
 }
 
 /** Fisher-Yates in place with the injected source; returns `items`. */

@@ -24,3 +24,10 @@ export const EVENT_RESOURCE = { group: '', version: 'v1', resource: 'events', ve
 
 /** kube-proxy's label selector for Services and EndpointSlices it should program. */
 export const PROXY_LABEL_SELECTOR = '!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless';
+
+/**
+ * What the port-forward dialer uses in each namespace whose pods it reaches: `get` for the
+ * WebSocket tunnel (a GET), `create` for the SPDY upgrade (a POST). Not in the ClusterRole: the
+ * DaemonSet dials pods directly. deploy/developer/port-forward-role.yaml grants it.
+ */
+export const PORT_FORWARD_RESOURCE = { group: '', version: 'v1', resource: 'pods/portforward', verbs: ['get', 'create'] } as const satisfies ApiResource;

@@ -47,6 +47,15 @@ export interface ReflectorOptions<T> {
   watchTimeoutSeconds?: () => number;
   /** A watch may stay silent this long past its timeoutSeconds before it is taken for dead; default 30 s. */
   watchGraceMs?: number;
+  /** The namespace the path is scoped to, when it is: named in a 403's line. */
+  namespace?: string;
+  /** What a 403 means and how to mend it, said after the line naming the verb, resource and namespace. */
+  forbiddenHint?: string;
+  /**
+   * A 403 on the first list resolves `synced` as if the list were empty (and keeps retrying):
+   * the proxy serves what it may read rather than wait for a grant that may never come.
+   */
+  forbiddenIsEmpty?: boolean;
 }
 
 /** Counters, for tests and metrics. */
@@ -214,9 +223,14 @@ export class Reflector<T extends KubernetesObject> {
     const delay = this.backoff.next();
     const message = err instanceof Error ? err.message : String(err);
     const bindings = { err: err instanceof KubeApiError ? { message, failure: err.failure, status: err.status } : err, retryInMs: delay };
-    const text = `${this.needList ? 'list' : 'watch'} of ${this.opts.name} failed; serving the last good state, retrying with backoff`;
+    const verb = this.needList ? 'list' : 'watch';
+    // RBAC's answer is the user's to act on: one line naming exactly what is missing.
+    const text = err instanceof KubeApiError && err.status === 403
+      ? `forbidden: cannot ${verb} ${this.opts.name} ${this.opts.namespace !== undefined ? `in namespace ${this.opts.namespace}` : 'cluster-wide'}${this.opts.forbiddenHint ? `: ${this.opts.forbiddenHint}` : ''}`
+      : `${verb} of ${this.opts.name} failed; serving the last good state, retrying with backoff`;
     const kind = errorKind(err);
-    if (this.lastError === undefined) this.log.warn(bindings, text);
+    if (kind === 'Status:403' && this.opts.forbiddenIsEmpty && this.stats.lists === 0) this.resolveSynced();
+    if (this.lastError === undefined || (this.lastError !== kind && kind === 'Status:403')) this.log.warn(bindings, text);
     else if (this.lastError !== kind) this.log.info(bindings, text);
     else this.log.debug(bindings, text);
     this.lastError = kind;

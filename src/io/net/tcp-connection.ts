@@ -3,7 +3,7 @@ import type { LoadBalancer } from '../../core/balancer/load-balancer.js';
 import type { Endpoint } from '../../core/model.js';
 import type { ServicePortStats } from '../../core/stats.js';
 import type { Logger } from '../../seams/logger.js';
-import type { Dialer, DialRequest } from '../../seams/dialer.js';
+import { isEarlyFailure, type Dialer, type DialRequest, type EarlyFailure, type Upstream } from '../../seams/dialer.js';
 import { dialFailureReason, isEndpointFault, isOutOfDescriptors } from './errno.js';
 
 /** What the connections of one service port share; built once by their TcpProxySocket. */
@@ -43,7 +43,9 @@ export interface TcpConnectionContext {
  *   the hand-over (a FIN, a read stopped by backpressure, a failure, a close) is read off the
  *   socket at the hand-over, since no listener of ours was there to see it.
  * - `relaying`: both sockets are the connection's. Bytes flow both ways; each direction ends when
- *   its FIN is passed on (half-close); an error on one side resets the other.
+ *   its FIN is passed on (half-close); an error on one side resets the other. One exception: an
+ *   upstream that fails early (EarlyFailure: before its endpoint sent a byte, every byte written
+ *   to it kept) sends the connection back to `dialing`, the next endpoint, and those bytes.
  * - `ending`: no relay will start (no endpoint, every dial failed, the client gone or cut before
  *   the hand-over, a bug): the client has been reset, and the connection waits for the closes.
  * - `closed`: released.
@@ -67,7 +69,14 @@ export class TcpConnection {
   private clientIP = '';
   /** The endpoint of the attempt in flight, then of the relay: handed back to the balancer once. */
   private endpoint: Endpoint | undefined;
-  private upstream: Socket | undefined;
+  private upstream: Upstream | undefined;
+  /**
+   * The client's bytes (and FIN, as clientFinPassed) an early-failed upstream gave back, written
+   * to the next one at its hand-over.
+   */
+  private replay: Uint8Array[] | undefined;
+  /** The client's listeners are attached at the first hand-over, and serve every later one. */
+  private clientWired = false;
   private attempt = 0;
   private dialStartedMs = 0;
   /** performance.now() when the hold began. */
@@ -181,7 +190,7 @@ export class TcpConnection {
   sweepIdle(nowMs: number, idleTimeoutMs: number): void {
     if (this.phase !== 'relaying') return;
     const c = this.client;
-    const u = this.upstream as Socket;
+    const u = this.upstream as Upstream;
     const mark = c.bytesRead + u.bytesRead + (c.bytesWritten - c.writableLength) + (u.bytesWritten - u.writableLength);
     if (mark !== this.idleMark) {
       this.idleMark = mark;
@@ -210,7 +219,7 @@ export class TcpConnection {
     this.dialStartedMs = performance.now();
     // The endpoint's bytes go to the client from its first read, through one onread per connection.
     this.onread ??= { buffer: sharedReadBuffer, callback: (bytes, buf) => this.fromEndpoint(bytes, buf) };
-    let dialed: Promise<Socket>;
+    let dialed: Promise<Upstream>;
     try {
       dialed = ctx.dialer.dial(new ClientDial(this.client, this.clientIP, endpoint, ctx.dialTimeoutsMs[this.attempt] as number, this.onread));
     } catch (err) {
@@ -276,7 +285,7 @@ export class TcpConnection {
   }
 
   /** A throw in the dial path is a bug: it must not end the process, nor leave the client hanging. */
-  private guard(step: () => void, upstream?: Socket): void {
+  private guard(step: () => void, upstream?: Upstream): void {
     try {
       step();
     } catch (err) {
@@ -294,20 +303,21 @@ export class TcpConnection {
    * can have happened to it yet (it resolves on 'connect', before any read); a dialer that writes
    * a header or tunnels may resolve later, so the relay starts from whatever state the socket is in.
    */
-  private handOver(upstream: Socket): void {
+  private handOver(upstream: Upstream): void {
     const { ctx, client } = this;
     ctx.stats.observeDialLatency((performance.now() - this.dialStartedMs) / 1000);
     this.upstream = upstream;
     // A dialer may have let the endpoint speak before resolving: then it has answered already.
     if (upstream.bytesRead > 0) ctx.balancer.reportDial(this.endpoint as Endpoint, true);
     else this.unproven = true;
-    upstream.on('error', (err) => this.onEndpointError(err));
+    upstream.on('error', (err) => this.onEndpointError(upstream, err));
     // Closed meanwhile: its 'close' was the dialer's to see.
     this.upstreamClosed = upstream.closed;
-    if (!upstream.closed) upstream.on('close', () => this.onUpstreamClose());
+    if (!upstream.closed) upstream.on('close', () => this.onUpstreamClose(upstream));
     if (client.destroyed) {
       // Cut (destroyAll) or gone while we dialed.
       this.phase = 'ending';
+      this.replay = undefined;
       upstream.destroy();
       this.settle();
       return;
@@ -321,18 +331,35 @@ export class TcpConnection {
     this.phase = 'relaying';
     if (ctx.debugEnabled()) ctx.log().debug({ client: this.clientIP, endpoint: this.endpoint?.addr }, 'connected');
     // Client to endpoint: 'data', with backpressure through pause() and the endpoint's 'drain'.
-    client.on('data', (chunk: Buffer) => {
-      if (!upstream.write(chunk)) client.pause();
-    });
     upstream.on('drain', () => client.resume());
-    client.on('end', () => this.onClientEnd());
-    client.resume();
+    if (!this.clientWired) this.wireClient();
+    let drained = true;
+    if (this.replay !== undefined) drained = this.writeReplay(upstream);
+    if (drained) client.resume();
     // Endpoint to client: the reads already reach the client (fromEndpoint); what is left is the
     // other half of backpressure and the FIN, each caught up with if it came before the hand-over.
-    client.on('drain', () => upstream.resume());
     upstream.on('end', () => this.onEndpointEnd());
     if (upstream.readableEnded) this.onEndpointEnd();
     else if (this.endpointReadStopped && !client.writableNeedDrain) upstream.resume();
+  }
+
+  /** Once per connection: the client's listeners reach whichever upstream is current. */
+  private wireClient(): void {
+    const { client } = this;
+    this.clientWired = true;
+    client.on('data', (chunk: Buffer) => this.toEndpoint(chunk));
+    client.on('end', () => this.onClientEnd());
+    client.on('drain', () => this.upstream?.resume());
+  }
+
+  /** The bytes (and FIN) an early-failed upstream gave back: false when the new one needs a 'drain' first. */
+  private writeReplay(upstream: Upstream): boolean {
+    const chunks = this.replay as Uint8Array[];
+    this.replay = undefined;
+    let drained = true;
+    for (const chunk of chunks) drained = upstream.write(chunk);
+    if (this.clientFinPassed) passEnd(upstream);
+    return drained;
   }
 
   // --- relaying ---------------------------------------------------------------------------------
@@ -342,6 +369,17 @@ export class TcpConnection {
    * when the client buffers past its high-water mark, makes Node stop reading until the client's
    * 'drain' resumes it.
    */
+  private toEndpoint(chunk: Buffer): void {
+    const upstream = this.upstream;
+    if (upstream === undefined) {
+      // Between an early failure and the next hand-over (the client is paused, so this is rare).
+      (this.replay ??= []).push(chunk);
+      this.client.pause();
+    } else if (!upstream.write(chunk)) {
+      this.client.pause();
+    }
+  }
+
   private fromEndpoint(bytes: number, buf: Uint8Array): boolean {
     if (this.unproven) this.proven();
     const chunk = Buffer.allocUnsafe(bytes); // from Node's pool when small
@@ -359,7 +397,8 @@ export class TcpConnection {
 
   private onClientEnd(): void {
     this.clientFinPassed = true;
-    passEnd(this.upstream as Socket);
+    // Between an early failure and the next hand-over, the FIN waits with the replay.
+    if (this.upstream !== undefined) passEnd(this.upstream);
   }
 
   private onEndpointEnd(): void {
@@ -377,7 +416,15 @@ export class TcpConnection {
     if (this.upstream) resetSocket(this.upstream);
   }
 
-  private onEndpointError(err: Error): void {
+  private onEndpointError(upstream: Upstream, err: Error): void {
+    // A failed upstream's late error, once the connection has moved on to the next.
+    if (upstream !== this.upstream) return;
+    // Nothing reached the client either way: a failed dial after all (dialFailed decides whether
+    // another endpoint is tried).
+    if (isEarlyFailure(err) && this.phase === 'relaying' && !this.endpointFinPassed && !this.client.destroyed && this.client.bytesWritten === 0) {
+      this.guard(() => this.redial(upstream, err));
+      return;
+    }
     if (this.ctx.debugEnabled()) this.logError(err, 'endpoint');
     // Reset (or timed out) before a byte: to passive health, as good as a failed dial.
     if (this.unproven) {
@@ -385,6 +432,22 @@ export class TcpConnection {
       if (this.endpoint && this.ctx.balancer.reportDial(this.endpoint, false)) this.ctx.stats.outlierEjections++;
     }
     resetSocket(this.client);
+  }
+
+  /**
+   * The upstream failed before its endpoint sent a byte and gave back what the client had sent:
+   * a failed dial after all. The client waits (paused) while the next endpoint is dialed; the
+   * bytes and the FIN go there at the hand-over.
+   */
+  private redial(failed: Upstream, err: EarlyFailure): void {
+    this.phase = 'dialing';
+    this.client.pause();
+    this.replay = [...err.unsent, ...(this.replay ?? [])];
+    // Its 'close' no longer concerns the connection (onUpstreamClose checks which upstream).
+    this.upstream = undefined;
+    this.upstreamClosed = true;
+    failed.destroy();
+    this.dialFailed(err);
   }
 
   private logError(err: Error, side: 'client' | 'endpoint'): void {
@@ -398,7 +461,8 @@ export class TcpConnection {
     this.settle();
   }
 
-  private onUpstreamClose(): void {
+  private onUpstreamClose(upstream: Upstream): void {
+    if (upstream !== this.upstream) return;
     this.upstreamClosed = true;
     this.settle();
   }
@@ -472,12 +536,12 @@ const sharedReadBuffer = new Uint8Array(64 * 1024);
  * when `to` has not ended yet, the choice waits for the end of the round (setImmediate), by which
  * time every read of the round has been handled.
  */
-function passEnd(to: Socket): void {
+function passEnd(to: Socket | Upstream): void {
   if (to.readableEnded) endOrClose(to);
   else setImmediate(endOrClose, to);
 }
 
-function endOrClose(to: Socket): void {
+function endOrClose(to: Socket | Upstream): void {
   if (to.destroyed) return;
   if (to.readableEnded && to.writableLength === 0) to.destroy();
   else to.end();
@@ -485,9 +549,9 @@ function endOrClose(to: Socket): void {
 
 /**
  * Close with RST (SO_LINGER 0) so the peer sees ECONNRESET, not a clean end. Falls back to a
- * plain destroy for sockets without a TCP handle (a dialer may hand back a tunnelled stream).
+ * plain destroy for a socket whose handle is gone.
  */
-function resetSocket(socket: Socket): void {
+function resetSocket(socket: Socket | Upstream): void {
   try {
     socket.resetAndDestroy();
   } catch {
