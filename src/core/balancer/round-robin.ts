@@ -29,8 +29,8 @@ function handleSlot(endpoint: Endpoint): Slot | undefined {
 }
 
 function handleOf(endpoint: Endpoint, slot: Slot): Endpoint {
-  const handle: Endpoint = { ip: endpoint.ip, port: endpoint.port, addr: endpoint.addr };
-  if (endpoint.nodeName !== undefined) handle.nodeName = endpoint.nodeName;
+  // Every field the dialer may need (the pod behind it, for port-forward) goes along.
+  const handle: Endpoint = { ...endpoint };
   return Object.defineProperty(handle, SLOT, { value: slot });
 }
 
@@ -418,8 +418,10 @@ function uniqueByAddr(endpoints: readonly Endpoint[]): Map<string, Endpoint> {
   return byAddr;
 }
 
-/** Precondition: `list` holds no duplicate addrs (setEndpoints stores it deduplicated). */
-/** The same addresses, each still in front of the same pod (a reused pod IP must reach the new pod). */
+/**
+ * The same addresses, each still in front of the same pod (a reused pod IP must reach the new pod).
+ * Precondition: `list` holds no duplicate addrs (setEndpoints stores it deduplicated).
+ */
 function sameAddrs(list: readonly Endpoint[], next: ReadonlyMap<string, Endpoint>): boolean {
   if (list.length !== next.size) return false;
   return list.every((ep) => {
