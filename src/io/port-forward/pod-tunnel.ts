@@ -109,7 +109,8 @@ export class PodTunnel {
       this.requestId = 0;
       this.idleSinceMs = undefined;
       this.transport = opened.transport;
-      this.deps.logger.info({ pod: this.label, transport: opened.transport }, 'port-forward tunnel open');
+      // Debug: tunnels open and close (idle) as connections come and go.
+      this.deps.logger.debug({ pod: this.label, transport: opened.transport }, 'port-forward tunnel open');
       return session;
     } catch (err) {
       const failure = err instanceof PortForwardError ? err : new PortForwardError('network', `pod ${this.label}: ${err instanceof Error ? err.message : String(err)}`, { cause: err });
