@@ -10,6 +10,15 @@ import { runCli, type Spawned } from './helpers/cli.js';
 import { endpointSlice, list, service } from './helpers/objects.js';
 import { tcpEchoServer, tcpRequest, waitFor } from './helpers/net.js';
 
+const hasPrlimit = ((): boolean => {
+  try {
+    execFileSync('prlimit', ['--version'], { stdio: 'ignore' });
+    return true;
+  } catch {
+    return false;
+  }
+})();
+
 /** The start-up warning when the open-file limit is below what the service ports and connections need. */
 
 const LIMITS = `Limit                     Soft Limit           Hard Limit           Units
@@ -62,14 +71,6 @@ describe('at start-up', () => {
     if (dir) await rm(dir, { recursive: true, force: true });
   });
 
-  const hasPrlimit = ((): boolean => {
-    try {
-      execFileSync('prlimit', ['--version'], { stdio: 'ignore' });
-      return true;
-    } catch {
-      return false;
-    }
-  })();
 
   it.skipIf(!hasPrlimit)('the CLI logs the warning when started under a low limit', async () => {
     dir = await mkdtemp(join(tmpdir(), 'kup-fd-'));
@@ -104,14 +105,6 @@ describe('running out of open files', () => {
     if (dir) await rm(dir, { recursive: true, force: true });
   });
 
-  const hasPrlimit = ((): boolean => {
-    try {
-      execFileSync('prlimit', ['--version'], { stdio: 'ignore' });
-      return true;
-    } catch {
-      return false;
-    }
-  })();
 
   /** n Services with one TCP port each, at 127.97.<i>.1 (loopback portal), endpoints on a backend. */
   function manyServices(n: number, backendPort: number): string {

@@ -8,7 +8,7 @@ import type { ListenSpec, Portal, PortalSyncResult, RunningUnitView } from '../s
 import { silentLogger } from '../src/log.js';
 import type { Proxier } from '../src/proxier/proxier.js';
 import type { SyncEvent } from '../src/seams/proxier-events.js';
-import { makeProxier } from './helpers/make-proxier.js';
+import { makeProxier, type ProxierParts } from './helpers/make-proxier.js';
 import { captureLogger, waitUntil } from './helpers/proxy-fixtures.js';
 import { ServicePortStats } from '../src/core/stats.js';
 import { endpointSlice, service } from './helpers/objects.js';
@@ -59,6 +59,25 @@ function fakeSocket(): ProxySocket {
   };
 }
 
+/** The parts of a loop over fake sockets; tests override what they are about. */
+function parts(over: Partial<ProxierParts> = {}): ProxierParts {
+  return {
+    portal: new RecordingPortal(),
+    logger: silentLogger(),
+    balancerFactory: roundRobinFactory,
+    socketFactory: () => fakeSocket(),
+    portAllocator: new PortAllocator(undefined, () => 0.5),
+    clock: { now: () => 0 },
+    random: () => 0.5,
+    node: { name: 'node-a' },
+    minSyncPeriodMs: 0,
+    syncPeriodMs: 30_000,
+    sweepIntervalMs: 1000,
+    bindAddress: '0.0.0.0',
+    ...over,
+  };
+}
+
 interface Setup {
   proxier: Proxier;
   portal: RecordingPortal;
@@ -67,20 +86,10 @@ interface Setup {
 }
 
 function setup(portal = new RecordingPortal(), range?: { base: number; size: number }): Setup {
-  const { proxier } = makeProxier({
+  const { proxier } = makeProxier(parts({
     portal,
-    logger: silentLogger(),
-    balancerFactory: roundRobinFactory,
-    socketFactory: () => fakeSocket(),
     portAllocator: new PortAllocator(range, () => 0.5),
-    clock: { now: () => 0 },
-    random: () => 0.5,
-    node: { name: 'node-a' },
-    minSyncPeriodMs: 0,
-    syncPeriodMs: 30_000,
-    sweepIntervalMs: 1000,
-    bindAddress: '0.0.0.0',
-  });
+  }));
   let last: SyncEvent | undefined;
   proxier.onSync((e) => {
     last = e;
@@ -284,20 +293,10 @@ describe('a sync that fails after taking the changes (a bug, not input)', () => 
       }
     }
     const portal = new FailingOncePortal();
-    const { proxier } = makeProxier({
+    const { proxier } = makeProxier(parts({
       portal,
-      logger: silentLogger(),
-      balancerFactory: roundRobinFactory,
-      socketFactory: () => fakeSocket(),
-      portAllocator: new PortAllocator(undefined, () => 0.5),
       clock: { now: () => performance.now() },
-      random: () => 0.5,
-      node: { name: 'node-a' },
-      minSyncPeriodMs: 0,
-      syncPeriodMs: 30_000,
-      sweepIntervalMs: 1000,
-      bindAddress: '0.0.0.0',
-    }, { syncRetryMs: 20 });
+    }), { syncRetryMs: 20 });
     proxier.cache.upsertService(web('1'));
     await proxier.setSynced();
     expect(proxier.status()).toEqual([]);
@@ -336,20 +335,10 @@ describe('changes that alter nothing', () => {
 
   it('a periodic resync that changed nothing logs at debug, not info', async () => {
     const { logger, records } = captureLogger('info');
-    const { proxier } = makeProxier({
+    const { proxier } = makeProxier(parts({
       portal: new RecordingPortal(),
       logger,
-      balancerFactory: roundRobinFactory,
-      socketFactory: () => fakeSocket(),
-      portAllocator: new PortAllocator(undefined, () => 0.5),
-      clock: { now: () => 0 },
-      random: () => 0.5,
-      node: { name: 'node-a' },
-      minSyncPeriodMs: 0,
-      syncPeriodMs: 30_000,
-      sweepIntervalMs: 1000,
-      bindAddress: '0.0.0.0',
-    });
+    }));
     proxier.cache.upsertService(web('1'));
     await proxier.setSynced();
     const synced = (): number => records.filter((r) => r.msg === 'synced proxy rules').length;
@@ -367,20 +356,12 @@ describe('changes that alter nothing', () => {
 describe('the fast lane', () => {
   it('moves endpoints at once, whatever the minimum sync period, and leaves sockets and portal to the runner', async () => {
     const portal = new RecordingPortal();
-    const { proxier } = makeProxier({
+    const { proxier } = makeProxier(parts({
       portal,
-      logger: silentLogger(),
-      balancerFactory: roundRobinFactory,
-      socketFactory: () => fakeSocket(),
-      portAllocator: new PortAllocator(undefined, () => 0.5),
       clock: { now: () => performance.now() },
-      random: () => 0.5,
-      node: { name: 'node-a' },
       minSyncPeriodMs: 3_600_000, // an hour: nothing but the fast lane can apply a change in this test
       syncPeriodMs: 3_600_000,
-      sweepIntervalMs: 1000,
-      bindAddress: '0.0.0.0',
-    });
+    }));
     proxier.sink.upsertService(web('1'));
     proxier.sink.upsertEndpointSlice(slice(['10.0.0.1'], '1'));
     await proxier.setSynced();
@@ -408,20 +389,12 @@ describe('the fast lane', () => {
 
 describe('what a sync leaves undone', () => {
   function loop(portal: RecordingPortal, minSyncPeriodMs = 3_600_000) {
-    return makeProxier({
+    return makeProxier(parts({
       portal,
-      logger: silentLogger(),
-      balancerFactory: roundRobinFactory,
-      socketFactory: () => fakeSocket(),
-      portAllocator: new PortAllocator(undefined, () => 0.5),
       clock: { now: () => performance.now() },
-      random: () => 0.5,
-      node: { name: 'node-a' },
       minSyncPeriodMs,
       syncPeriodMs: 3_600_000,
-      sweepIntervalMs: 1000,
-      bindAddress: '0.0.0.0',
-    }, { syncRetryMs: 20 }).proxier;
+    }), { syncRetryMs: 20 }).proxier;
   }
 
   it('a fast-lane run that hands a Service to the runner is not complete (health does not count it as an update)', async () => {
