@@ -169,7 +169,10 @@ export async function endpointMove(ctx: Context, n: number, runs: number, record
       // Where the time went, from the proxy's own log: reading and applying the file, then the sync.
       const loadedMs = logTimeOf(proxy.logFile, 'loaded state file', wall0);
       const syncedMs = logTimeOf(proxy.logFile, 'synced proxy rules', wall0);
-      const rec: RunRecord = { workload, system: 'proxy', run, metrics: r.moveMs === undefined ? {} : { moveMs: r.moveMs, loadedMs, syncedMs, stale: r.stale } };
+      // An endpoint move takes the loop's fast lane, which logs its sync at debug only: then there is
+      // no sync line to read, and the figure is left out rather than recorded as NaN.
+      const timings: Record<string, number> = Number.isNaN(syncedMs) ? { loadedMs } : { loadedMs, syncedMs };
+      const rec: RunRecord = { workload, system: 'proxy', run, metrics: r.moveMs === undefined ? {} : { moveMs: r.moveMs, ...timings, stale: r.stale } };
       if (r.moveMs === undefined) rec.error = `no new connection reached the new endpoint within 10 s (${r.probes} probes)`;
       record(rec);
       ctx.say(`  [run ${run}/${runs}] ${workload} ${rec.error ?? `moveMs=${r.moveMs?.toFixed(1)} (loaded at ${loadedMs} ms, synced at ${syncedMs} ms) stale=${r.stale} probes=${r.probes}`}`);
