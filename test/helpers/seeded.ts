@@ -1,13 +1,7 @@
 import type { RandomSource } from '../../src/core/clock.js';
+import { seededRandom } from '../../src/core/balancer/shared-order.js';
 
-/** mulberry32: a tiny seeded PRNG, so shuffles and port picks are reproducible. */
+/** mulberry32 (the workers' shared order uses the same), so shuffles and port picks are reproducible. */
 export function seeded(seed: number): RandomSource {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
+  return seededRandom(seed);
 }
