@@ -188,7 +188,7 @@ async function main(argv: string[]): Promise<number> {
   const tmp = mkdtempSync(join(tmpdir(), 'kube-userspace-proxy-pf-bench-'));
   const say = (line: string): void => console.log(line);
   const skip = (what: string, why: string): void => say(`skip: ${what}: ${why}`);
-  const ctx: Context = { options, tools, pin, procs, tmp, profileDir: undefined, proxyMain: options.proxyMain ?? PROXY_MAIN, say, skip };
+  const ctx: Context = { options, tools, pin, procs, tmp, profileDir: undefined, proxyMain: options.proxyMain ?? PROXY_MAIN, proxyNode: options.proxyNode ?? process.execPath, say, skip };
   const onSignal = (): void => {
     procs.killAllNow();
     rmSync(tmp, { recursive: true, force: true });

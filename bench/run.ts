@@ -55,6 +55,8 @@ function meta(options: Options, tools: Tools, pin: Pinning, stamp: string): Reco
     cpu,
     cores: cpus().length,
     node: process.version,
+    // The runtime of the proxies under test, when --proxy-node chose another.
+    ...(options.proxyNode ? { proxyNode: execFileSync(options.proxyNode, ['--version'], { encoding: 'utf8' }).trim() } : {}),
     commit: `${git(['rev-parse', '--short', 'HEAD']) || 'unknown'}${dirty > 0 ? ` (+${dirty} changed files)` : ''}`,
     loadAverageStart: la,
     pinning,
@@ -211,7 +213,8 @@ async function main(argv: string[]): Promise<number> {
   if (profileDir) mkdirSync(profileDir, { recursive: true });
   const procs = new Processes(pin);
   const tmp = mkdtempSync(join(tmpdir(), 'kube-userspace-proxy-bench-'));
-  const ctx: Context = { options, tools, pin, procs, tmp, profileDir, proxyMain, say, skip };
+  const proxyNode = options.proxyNode ?? process.execPath;
+  const ctx: Context = { options, tools, pin, procs, tmp, profileDir, proxyMain, proxyNode, say, skip };
   const onSignal = (signal: NodeJS.Signals): void => {
     say(`\n${signal}: stopping what the harness started`);
     procs.killAllNow();

@@ -14,6 +14,8 @@ export interface Context {
   profileDir: string | undefined;
   /** The built proxy CLI (dist/src/main.js). */
   proxyMain: string;
+  /** The node binary that runs it. */
+  proxyNode: string;
   /** One line to the terminal (progress, skips). */
   say(line: string): void;
   /** A comparison that cannot run, with why: said once and recorded in the JSON. */

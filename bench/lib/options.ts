@@ -48,6 +48,8 @@ export interface Options {
   proxyEnv: string[];
   /** The proxy CLI to run instead of this build's dist/src/main.js (to compare builds). */
   proxyMain: string | undefined;
+  /** The node binary that runs the proxy (default: the one running the harness), to compare runtimes. */
+  proxyNode: string | undefined;
   /** A label stored with the results (what was changed, the conditions). */
   label: string;
   /** Measure nothing: print the table of this results JSON and rewrite its chart beside it. */
@@ -84,6 +86,7 @@ export const USAGE = `usage: node dist/bench/run.js [options]   (npm run bench)
   --node-arg=FLAG       pass FLAG to node before the proxy's script (repeatable)
   --proxy-env=NAME=VAL  set an environment variable for the proxy process (repeatable)
   --proxy-main FILE     run this build of the proxy CLI instead (compare before/after a change)
+  --proxy-node FILE     run the proxy with this node binary (compare runtimes; default: the harness's)
   --label TEXT          stored with the results
   --render FILE.json    measure nothing: print the table of saved results, rewrite their .svg and .txt
   --keep-temp           keep the temp directory (configs, logs, state files)
@@ -144,6 +147,7 @@ export function parseOptions(argv: readonly string[], defaultOutDir: string): Op
       'node-arg': { type: 'string', multiple: true },
       'proxy-env': { type: 'string', multiple: true },
       'proxy-main': { type: 'string' },
+      'proxy-node': { type: 'string' },
       label: { type: 'string' },
       render: { type: 'string' },
       'keep-temp': { type: 'boolean' },
@@ -179,6 +183,7 @@ export function parseOptions(argv: readonly string[], defaultOutDir: string): Op
     nodeArgs: values['node-arg'] ?? [],
     proxyEnv: values['proxy-env'] ?? [],
     proxyMain: values['proxy-main'],
+    proxyNode: values['proxy-node'],
     label: values.label ?? '',
     render: values.render,
     help: values.help ?? false,

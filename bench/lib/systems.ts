@@ -72,7 +72,8 @@ export function spawnProxy(ctx: Context, s: ProxyStart): Started {
     '--state', s.stateFile,
     '--portal', 'loopback',
     // The proxy's own worker processes (they inherit the node flags given here, and the pinning).
-    '--workers', String(s.workers),
+    // Left out for one: the loopback portal's default, and builds from before --workers take it.
+    ...(s.workers === 1 ? [] : ['--workers', String(s.workers)]),
     '--metrics-bind-address', `${s.admin.host}:${s.admin.port}`,
     // The health server's default (0.0.0.0:10256) would collide between proxies; any port will do.
     '--healthz-bind-address', '127.0.0.1:0',
@@ -86,7 +87,7 @@ export function spawnProxy(ctx: Context, s: ProxyStart): Started {
     const at = e.indexOf('=');
     env[e.slice(0, at)] = e.slice(at + 1);
   }
-  return ctx.procs.start(s.name, process.execPath, args, { cpu: ctx.pin.proxyCpus, logFile: s.logFile, env });
+  return ctx.procs.start(s.name, ctx.proxyNode, args, { cpu: ctx.pin.proxyCpus, logFile: s.logFile, env });
 }
 
 interface ServicesStatus {
