@@ -1,4 +1,3 @@
-#!/usr/bin/env node
 import { startProxy } from './app.js';
 import { createPortal } from './create-portal.js';
 import { parseCommandLine } from './cli.js';
@@ -9,8 +8,9 @@ import { createLogger } from './log.js';
 import { resolveOptions, writeConfigFile } from './kube-proxy-config.js';
 
 /**
- * The composition root: parses flags, builds the parts, wires signals. The only place that sets
- * process.exitCode. User errors print one line without a stack and exit 2; bugs keep their stack.
+ * The command behind the `kube-userspace-proxy` binary (main.ts loads it): parses flags, builds
+ * the parts, wires signals. The only place that sets process.exitCode. User errors print one line
+ * without a stack and exit 2; bugs keep their stack.
  */
 async function main(argv: string[]): Promise<number> {
   const outcome = parseCommandLine(argv);
@@ -56,11 +56,10 @@ async function main(argv: string[]): Promise<number> {
   return 0;
 }
 
-main(process.argv.slice(2)).then(
-  (code) => {
-    process.exitCode = code;
-  },
-  (err: unknown) => {
+export async function runCommand(argv: string[]): Promise<void> {
+  try {
+    process.exitCode = await main(argv);
+  } catch (err: unknown) {
     if (err instanceof UsageError || (err instanceof ProxyError && err.code === 'PARSE')) {
       process.stderr.write(`kube-userspace-proxy: ${err.message}\n`);
       process.exitCode = 2;
@@ -75,5 +74,5 @@ main(process.argv.slice(2)).then(
     }
     process.stderr.write(`kube-userspace-proxy: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);
     process.exitCode = 1;
-  },
-);
+  }
+}

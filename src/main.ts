@@ -1,0 +1,19 @@
+#!/usr/bin/env node
+import { heapTuningEnv } from './core/heap-tuning.js';
+
+/**
+ * The `kube-userspace-proxy` binary. Before anything else is loaded it re-executes itself, once,
+ * with glibc's heap settings for bulk traffic when they are not in the environment yet (see
+ * core/heap-tuning.ts): same PID, same arguments, the settings added. Then the command runs.
+ */
+const tuned = heapTuningEnv(process.platform, process.env);
+if (tuned !== undefined && typeof process.execve === 'function') {
+  try {
+    process.execve(process.execPath, [process.execPath, ...process.execArgv, ...process.argv.slice(1)], tuned);
+  } catch (err) {
+    // Not fatal: the proxy runs as well, only bulk transfers cost more CPU.
+    process.stderr.write(`kube-userspace-proxy: could not re-execute with the heap settings for bulk traffic (${String(err)}); running without them\n`);
+  }
+}
+const { runCommand } = await import('./command.js');
+await runCommand(process.argv.slice(2));

@@ -1,0 +1,82 @@
+import { readFile, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { HEAP_TUNING, heapTuningEnv } from '../src/core/heap-tuning.js';
+import { endpointSlice, list, service } from './helpers/objects.js';
+import { freePort, tcpEchoServer, tcpRequest } from './helpers/net.js';
+import { runCli, type Spawned } from './helpers/cli.js';
+
+describe('heapTuningEnv', () => {
+  it('adds the settings to the environment on Linux', () => {
+    expect(heapTuningEnv('linux', { PATH: '/bin', HOME: undefined })).toEqual({ PATH: '/bin', ...HEAP_TUNING });
+  });
+  it('leaves a process that has them (the image, or the second pass) alone', () => {
+    expect(heapTuningEnv('linux', { ...HEAP_TUNING })).toBeUndefined();
+  });
+  it("respects the user's own choice of either setting or of a glibc tunable", () => {
+    expect(heapTuningEnv('linux', { MALLOC_TRIM_THRESHOLD_: '131072' })).toBeUndefined();
+    expect(heapTuningEnv('linux', { MALLOC_TOP_PAD_: '0' })).toBeUndefined();
+    expect(heapTuningEnv('linux', { GLIBC_TUNABLES: 'glibc.malloc.trim_threshold=131072' })).toBeUndefined();
+    expect(heapTuningEnv('linux', { GLIBC_TUNABLES: 'glibc.pthread.rseq=0' })).toMatchObject(HEAP_TUNING);
+  });
+  it('does nothing elsewhere than Linux', () => {
+    expect(heapTuningEnv('darwin', {})).toBeUndefined();
+  });
+});
+
+/** The environment the kernel holds for a running process (what glibc read at its start). */
+async function environOf(pid: number): Promise<Record<string, string>> {
+  const raw = await readFile(`/proc/${pid}/environ`, 'utf8');
+  return Object.fromEntries(raw.split('\0').filter(Boolean).map((kv) => [kv.slice(0, kv.indexOf('=')), kv.slice(kv.indexOf('=') + 1)]));
+}
+
+describe.runIf(process.platform === 'linux')('the binary started directly', () => {
+  let dir: string;
+  const running: Spawned[] = [];
+  beforeAll(async () => {
+    dir = await mkdtemp(join(tmpdir(), 'kup-heap-'));
+  });
+  afterAll(async () => {
+    for (const r of running) r.kill();
+    await rm(dir, { recursive: true, force: true });
+  });
+
+  async function serve(env: NodeJS.ProcessEnv): Promise<{ r: Spawned; port: number }> {
+    const backend = await tcpEchoServer('127.0.31.1', 'heap');
+    const port = await freePort('127.96.31.1');
+    const stateFile = join(dir, `state-${running.length}.yaml`);
+    await writeFile(stateFile, list([
+      service({ name: 'bulk', clusterIP: '10.96.31.1', ports: [{ name: 'tcp', port }] }),
+      endpointSlice({ service: 'bulk', ports: [{ name: 'tcp', port: backend.port }], endpoints: [{ ip: '127.0.31.1' }] }),
+    ]));
+    const r = runCli(['--state', stateFile, '--metrics-bind-address', '127.0.0.1:0', '--healthz-bind-address', '127.0.0.1:0'], { env });
+    running.push(r);
+    await r.waitForLine(/kube-userspace-proxy started/);
+    expect(await tcpRequest('127.96.31.1', port, 'x')).toBe('heap:x');
+    await backend.close();
+    return { r, port };
+  }
+
+  it('runs with the heap settings, in the same process (same PID), serving as usual', async () => {
+    const env = { ...process.env };
+    for (const name of Object.keys(HEAP_TUNING)) delete env[name];
+    const { r } = await serve(env);
+    const environ = await environOf(r.child.pid as number);
+    expect(environ).toMatchObject(HEAP_TUNING);
+    expect(r.stderr()).not.toMatch(/could not re-execute|ExperimentalWarning/);
+    r.child.kill('SIGTERM');
+    expect(await r.exited).toBe(0);
+  });
+
+  it('keeps a value the user set', async () => {
+    const env: NodeJS.ProcessEnv = { ...process.env, MALLOC_TRIM_THRESHOLD_: '131072' };
+    delete env.MALLOC_TOP_PAD_;
+    const { r } = await serve(env);
+    const environ = await environOf(r.child.pid as number);
+    expect(environ.MALLOC_TRIM_THRESHOLD_).toBe('131072');
+    expect(environ.MALLOC_TOP_PAD_).toBeUndefined();
+    r.child.kill('SIGTERM');
+    expect(await r.exited).toBe(0);
+  });
+});
