@@ -177,7 +177,7 @@ async function start(config: ProxyConfig, logger: Logger, started: Started): Pro
   resync.unref();
   const adminAddress = hostPort({ host: adminBound.address, port: adminBound.port });
   const healthzAddress = hostPort({ host: healthz.address.address, port: healthz.address.port });
-  logger.info({ portal: portal.mode, node: nodeName, source: config.stateFile ?? 'kubernetes API', admin: adminAddress, healthz: healthzAddress, dns: names.dnsAddress, workers }, 'kube-userspace-proxy started');
+  logger.info({ portal: portal.mode, node: nodeName, source: config.stateFile ?? 'kubernetes API', admin: adminAddress, healthz: healthzAddress, dns: names.dnsAddress, socks: names.socksAddress, workers }, 'kube-userspace-proxy started');
   return {
     proxier,
     units,

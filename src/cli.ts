@@ -55,6 +55,7 @@ export function buildProgram(capture: { out: string; err: string }): Command {
     .option('--service-cluster-ip-range <cidrs>', 'the Service ClusterIP range(s), made local by --portal bind')
     .option('--shutdown-grace-period <duration>', `how long established connections may finish after SIGTERM (default: ${DEFAULTS.shutdownGracePeriod})`)
     .option('--dns-bind-address <host:port>', 'answer DNS for Service names (svc.ns.svc.<cluster domain>, svc.ns) on this address, UDP and TCP (default: off)')
+    .option('--socks-bind-address <host:port>', 'a SOCKS5 and HTTP CONNECT proxy on this address that reaches Services by name or ClusterIP (curl --socks5-hostname, ALL_PROXY=socks5h://, HTTPS_PROXY=http://) (default: off)')
     .option('--cluster-domain <domain>', `the domain Service names end in (default: ${DEFAULTS.clusterDomain})`)
     .option('--hosts-file <file>', 'keep a block of Service names in this hosts-format file (e.g. /etc/hosts, as root); removed on exit and by --cleanup')
     .option('--outlier-consecutive-failures <n>', `passive health: set an endpoint aside after this many failed dials in a row (refused, timed out, reset before any byte); 0 turns it off (default: ${DEFAULTS.outlierConsecutiveFailures})`)
@@ -74,7 +75,7 @@ const STRING_OPTIONS = [
   'config', 'writeConfigTo', 'state', 'portal', 'kubeconfig', 'master', 'hostnameOverride', 'bindAddress',
   'proxyPortRange', 'udpTimeout', 'maxUdpSessions', 'tcpKeepalive', 'tcpIdleTimeout', 'workers', 'metricsBindAddress', 'healthzBindAddress',
   'iptablesSyncPeriod', 'iptablesMinSyncPeriod', 'nodeportAddresses', 'serviceClusterIpRange',
-  'shutdownGracePeriod', 'configSyncPeriod', 'logLevel', 'dnsBindAddress', 'clusterDomain', 'hostsFile', 'dialer',
+  'shutdownGracePeriod', 'configSyncPeriod', 'logLevel', 'dnsBindAddress', 'socksBindAddress', 'clusterDomain', 'hostsFile', 'dialer',
   'outlierConsecutiveFailures', 'outlierBaseEjectionTime', 'outlierMaxEjectionTime', 'outlierMaxEjectionPercent',
   'holdMaxPerServicePort', 'holdMaxPerNode',
 ] as const satisfies ReadonlyArray<keyof RawOptions>;

@@ -51,6 +51,8 @@ export interface ProxyConfig {
   maxUdpSessions: number;
   /** `--dns-bind-address`: where the DNS responder for Service names listens (off when unset). */
   dnsBindAddress?: HostPort;
+  /** `--socks-bind-address`: where the SOCKS5 and HTTP CONNECT front to the Services listens (off when unset). */
+  socksBindAddress?: HostPort;
   /** `--cluster-domain`: the domain Service names end in (lower-case, no trailing dot). */
   clusterDomain: string;
   /** `--hosts-file`: the hosts-format file that keeps a block of Service names. */
@@ -97,6 +99,7 @@ export interface RawOptions {
   workers?: string;
   configSyncPeriod?: string;
   dnsBindAddress?: string;
+  socksBindAddress?: string;
   clusterDomain?: string;
   hostsFile?: string;
   outlierConsecutiveFailures?: string;
@@ -278,6 +281,12 @@ export function buildConfig(raw: RawOptions): ProxyConfig {
     const text = raw.dnsBindAddress;
     flag('dns-bind-address', () => {
       config.dnsBindAddress = parseHostPort(text, 'dns-bind-address', 53);
+    });
+  }
+  if (raw.socksBindAddress) {
+    const text = raw.socksBindAddress;
+    flag('socks-bind-address', () => {
+      config.socksBindAddress = parseHostPort(text, 'socks-bind-address', 1080);
     });
   }
   if (raw.hostsFile !== undefined) {

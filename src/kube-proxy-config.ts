@@ -202,6 +202,7 @@ const SCHEMA: Schema = {
       },
       logLevel: { type: 'string', apply: (v, at, out) => { out.logLevel = oneOf(v as string, LOG_LEVELS, at); } },
       dnsBindAddress: hostPortOption('dnsBindAddress', 53),
+      socksBindAddress: hostPortOption('socksBindAddress', 1080),
       clusterDomain: stringOption('clusterDomain', (v, at) => parseClusterDomain(v, at)),
       hostsFile: stringOption('hostsFile'),
       outlierDetection: {
@@ -435,6 +436,7 @@ export function toKubeProxyConfiguration(config: ProxyConfig): Record<string, un
       serviceClusterIPRanges: config.serviceClusterIPRanges,
       logLevel: config.logLevel,
       dnsBindAddress: config.dnsBindAddress ? hostPort(config.dnsBindAddress) : '',
+      socksBindAddress: config.socksBindAddress ? hostPort(config.socksBindAddress) : '',
       clusterDomain: config.clusterDomain,
       hostsFile: config.hostsFile ?? '',
       outlierDetection: {

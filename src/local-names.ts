@@ -4,6 +4,7 @@ import { nameHints } from './core/name-hints.js';
 import { ServiceDirectory, type ClientAddresses } from './core/service-directory.js';
 import type { ProxyConfig } from './config.js';
 import { DnsServer } from './io/dns/dns-server.js';
+import { FrontServer } from './io/front/front-server.js';
 import { HostsFile, removeHostsBlock } from './io/names/hosts-file.js';
 import { LoopbackPortal } from './io/portal/loopback-portal.js';
 import type { Logger } from './log.js';
@@ -13,9 +14,10 @@ import type { UnitSet } from './seams/unit-set.js';
 
 /**
  * Service names for local development (composition): the directory of running Services, kept in
- * step with the sync loop, and what serves it: the DNS responder (`--dns-bind-address`) and the
- * hosts-file block (`--hosts-file`). The directory is built whatever the flags: it costs nothing
- * until read, and it is the ServiceResolver other fronts use.
+ * step with the sync loop, and what serves it: the DNS responder (`--dns-bind-address`), the
+ * hosts-file block (`--hosts-file`) and the SOCKS5/HTTP CONNECT front (`--socks-bind-address`),
+ * which resolves names through it. The directory is built whatever the flags: it costs nothing
+ * until read.
  */
 
 /** Records live this long in caches: a Service that appears or goes is seen within it. */
@@ -25,6 +27,8 @@ export interface LocalNames {
   directory: ServiceDirectory;
   /** Where the DNS responder listens, when it does (`host:port`). */
   dnsAddress?: string;
+  /** Where the SOCKS5/HTTP CONNECT front listens, when it does (`host:port`). */
+  socksAddress?: string;
   /** The lines a user needs to use the names (printed at start). */
   hints(): string[];
   /** Stops answering and takes the hosts-file block out (a failure there is logged). */
@@ -70,20 +74,38 @@ export async function startLocalNames(config: ProxyConfig, parts: { events: Prox
     dns = server;
     dnsAddress = hostPort(bound);
   }
+  let front: FrontServer | undefined;
+  let frontBound: { host: string; port: number } | undefined;
+  if (config.socksBindAddress !== undefined) {
+    const server = new FrontServer({ resolver: directory, domain: config.clusterDomain, logger });
+    const address = config.socksBindAddress;
+    try {
+      frontBound = await listenOrExplain('--socks-bind-address', address, () => server.listen(address.host, address.port));
+    } catch (err) {
+      await dns?.close();
+      throw err;
+    }
+    front = server;
+  }
   return {
     directory,
     ...(dnsAddress !== undefined ? { dnsAddress } : {}),
+    ...(frontBound !== undefined ? { socksAddress: hostPort(frontBound) } : {}),
     hints: () => {
       const first = directory.entries()[0];
+      const tcp = directory.entries().find((e) => e.ports.some((p) => p.protocol === 'TCP'));
+      const port = tcp?.ports.find((p) => p.protocol === 'TCP')?.port;
       return nameHints({
         domain: config.clusterDomain,
         ...(bound !== undefined ? { dns: bound } : {}),
+        ...(frontBound !== undefined ? { socks: frontBound } : {}),
         ...(config.hostsFile !== undefined ? { hostsFile: config.hostsFile } : {}),
         ...(first !== undefined ? { example: `${first.name}.${first.namespace}.svc.${config.clusterDomain}` } : {}),
+        ...(tcp !== undefined && port !== undefined ? { exampleTcp: { name: `${tcp.name}.${tcp.namespace}`, port } } : {}),
       });
     },
     async stop() {
-      await Promise.all([dns?.close(), hostsFile?.remove()]);
+      await Promise.all([dns?.close(), front?.close(), hostsFile?.remove()]);
     },
   };
 }

@@ -16,6 +16,10 @@ export interface NameHintInput {
   hostsFile?: string;
   /** A Service's fully qualified name, for a command that works as printed. */
   example?: string;
+  /** Where the SOCKS5/HTTP CONNECT front listens, as bound. */
+  socks?: { host: string; port: number };
+  /** A Service with a TCP port (`svc.ns` and the port), for a curl line that works as printed. */
+  exampleTcp?: { name: string; port: number };
 }
 
 export function nameHints(input: NameHintInput): string[] {
@@ -38,6 +42,17 @@ export function nameHints(input: NameHintInput): string[] {
   }
   if (input.hostsFile !== undefined) {
     lines.push(`Service names are kept in ${input.hostsFile}, between "${HOSTS_BEGIN}" and its END line, while this runs; the block goes when it stops.`);
+  }
+  if (input.socks !== undefined) {
+    const host = input.socks.host === '0.0.0.0' || input.socks.host === '::' ? '127.0.0.1' : input.socks.host;
+    const proxy = hostPort({ host, port: input.socks.port });
+    const target = input.exampleTcp ?? { name: 'SERVICE.NAMESPACE', port: 'PORT' };
+    lines.push(
+      `Services are reached by name (svc.ns, svc.ns.svc, svc.ns.svc.${domain}) or ClusterIP through the SOCKS5 and HTTP CONNECT proxy at ${proxy}:`,
+      `  curl:          curl --socks5-hostname ${proxy} http://${target.name}:${target.port}/`,
+      `  most tools:    ALL_PROXY=socks5h://${proxy}   (socks5h: the proxy resolves the names)`,
+      `  HTTPS clients: HTTPS_PROXY=http://${proxy}   (HTTP CONNECT)`,
+    );
   }
   return lines;
 }

@@ -1,0 +1,199 @@
+import { connect, createServer, type AddressInfo, type Server, type Socket } from 'node:net';
+import { hostPort } from '../../core/address.js';
+import { FrontHandshake, type FrontRequest, type HandshakeStep } from '../../core/front-handshake.js';
+import { connectedReply, frontTarget, refusalReply } from '../../core/front-target.js';
+import type { Logger } from '../../seams/logger.js';
+import type { ServiceResolver } from '../../seams/service-resolver.js';
+
+/**
+ * The SOCKS5 and HTTP CONNECT front (`--socks-bind-address`): one TCP port where a client names a
+ * Service (`svc.ns.svc.<domain>`, `svc.ns.svc`, `svc.ns`, or a ClusterIP) and a port, and gets a
+ * byte stream to it. The way in where 127/8 aliases or DNS settings are not to be had.
+ *
+ * It does not pick an endpoint itself: it connects to where this proxy serves that Service port
+ * here (the resolver's answer: the Service's loopback address under the loopback portal, its
+ * ClusterIP under the others), so the connection takes the same path as one made to that address
+ * directly: balancer, session affinity, retries on the next endpoint, the dialer (direct or
+ * port-forward), hold-when-empty, passive health and metrics. With --workers, the units live in
+ * other processes, which a local connection reaches and a call into a balancer could not. The cost:
+ * ClientIP affinity sees the front's own address (127.0.0.1) as every front client's, and the
+ * tunnel opens as soon as the proxy accepts, before an endpoint is dialed: a Service whose
+ * endpoints all fail reads as an opened tunnel that is reset, as a direct connection is.
+ *
+ * Bounds: the handshake (up to the tunnel's opening) gets `handshakeTimeoutMs` in all, however the
+ * bytes trickle in (a client that sends one byte a second is still cut); a request head is at most
+ * `maxHeaderBytes`; at most `maxConnections` front connections are open at once (past it, new
+ * ones are closed at accept).
+ */
+
+export interface FrontServerOptions {
+  resolver: ServiceResolver;
+  /** `--cluster-domain`: which names are the cluster's (the others are refused as outside). */
+  domain: string;
+  logger: Logger;
+  handshakeTimeoutMs?: number;
+  maxHeaderBytes?: number;
+  maxConnections?: number;
+}
+
+export const DEFAULT_HANDSHAKE_TIMEOUT_MS = 5000;
+export const DEFAULT_MAX_FRONT_CONNECTIONS = 512;
+
+export class FrontServer {
+  private readonly opts: FrontServerOptions;
+  private readonly log: Logger;
+  private server: Server | undefined;
+  private readonly sockets = new Set<Socket>();
+
+  constructor(opts: FrontServerOptions) {
+    this.opts = opts;
+    this.log = opts.logger.child({ component: 'socks-front' });
+  }
+
+  async listen(address: string, port: number): Promise<{ host: string; port: number }> {
+    // An empty host is every IPv4 address, as the other bind-address flags read it.
+    const host = address === '' ? '0.0.0.0' : address === 'localhost' ? '127.0.0.1' : address;
+    // allowHalfOpen: a client's FIN is passed on to the Service, which may still answer.
+    const server = createServer({ allowHalfOpen: true }, (s) => this.accept(s));
+    server.maxConnections = this.opts.maxConnections ?? DEFAULT_MAX_FRONT_CONNECTIONS;
+    await new Promise<void>((resolve, reject) => {
+      server.once('error', reject);
+      server.listen({ host, port, ipv6Only: false }, () => {
+        server.off('error', reject);
+        server.on('error', (err) => this.log.warn({ err }, 'SOCKS front server error'));
+        resolve();
+      });
+    });
+    this.server = server;
+    const a = server.address() as AddressInfo;
+    return { host: a.address, port: a.port };
+  }
+
+  /** Stops accepting and cuts every open front connection and its tunnel. */
+  async close(): Promise<void> {
+    const server = this.server;
+    this.server = undefined;
+    for (const s of this.sockets) s.destroy();
+    if (server) await new Promise<void>((resolve) => server.close(() => resolve()));
+  }
+
+  /** Front connections open now (the listener's own count: what maxConnections bounds). */
+  connectionCount(): Promise<number> {
+    const server = this.server;
+    if (server === undefined) return Promise.resolve(0);
+    return new Promise((resolve, reject) => server.getConnections((err, n) => (err ? reject(err) : resolve(n))));
+  }
+
+  private track(s: Socket): void {
+    this.sockets.add(s);
+    s.on('close', () => this.sockets.delete(s));
+  }
+
+  private accept(client: Socket): void {
+    this.track(client);
+    client.on('error', () => client.destroy());
+    const handshake = new FrontHandshake(this.opts.maxHeaderBytes === undefined ? {} : { maxHeaderBytes: this.opts.maxHeaderBytes });
+    // One deadline for the whole handshake, not an idle timer: trickling bytes does not extend it.
+    const deadline = setTimeout(() => {
+      this.debug(client, 'handshake timed out');
+      client.destroy();
+    }, this.opts.handshakeTimeoutMs ?? DEFAULT_HANDSHAKE_TIMEOUT_MS);
+    client.once('close', () => clearTimeout(deadline));
+    let handshaking = true;
+    const onData = (chunk: Buffer): void => {
+      let step: HandshakeStep;
+      try {
+        step = handshake.push(chunk);
+      } catch (err) {
+        // The parser takes any bytes: a throw is a bug, and costs this client only.
+        this.log.error({ err }, 'bug: the SOCKS front handshake threw; connection closed');
+        client.destroy();
+        return;
+      }
+      if (step.reply !== undefined && step.reply.length > 0) client.write(step.reply);
+      if (step.kind === 'more') return;
+      handshaking = false;
+      client.off('data', onData);
+      // What the client sends from here on stays in the socket until the tunnel is piped.
+      client.pause();
+      if (step.kind === 'refuse') {
+        this.debug(client, step.reason);
+        refuse(client);
+        return;
+      }
+      this.open(client, step.request, step.rest, deadline);
+    };
+    client.on('data', onData);
+    // A client that closes its side mid-handshake has nothing more to ask.
+    client.on('end', () => {
+      if (handshaking) client.destroy();
+    });
+  }
+
+  private open(client: Socket, request: FrontRequest, rest: Buffer, deadline: NodeJS.Timeout): void {
+    const { domain } = this.opts;
+    const target = frontTarget(request, (h, p, proto) => this.opts.resolver.resolve(h, p, proto), domain);
+    if (target.kind === 'refuse') {
+      this.debug(client, `refused (${target.why})`, request);
+      refuse(client, refusalReply(request, target.why, domain));
+      return;
+    }
+    const upstream = connect({ host: target.host, port: target.port, allowHalfOpen: true });
+    this.track(upstream);
+    const onDialError = (err: Error): void => {
+      this.debug(client, `dial to ${hostPort(target)} failed: ${err.message}`, request);
+      upstream.destroy();
+      if (!client.destroyed) refuse(client, refusalReply(request, 'unavailable', domain));
+    };
+    upstream.once('error', onDialError);
+    // The client gone before the dial ends: nothing to open.
+    const onClientClose = (): void => {
+      upstream.destroy();
+    };
+    client.once('close', onClientClose);
+    upstream.once('connect', () => {
+      clearTimeout(deadline);
+      upstream.off('error', onDialError);
+      client.off('close', onClientClose);
+      client.write(connectedReply(request, { host: upstream.localAddress ?? '0.0.0.0', port: upstream.localPort ?? 0 }));
+      if (rest.length > 0) upstream.write(rest);
+      this.relay(client, upstream);
+    });
+  }
+
+  /**
+   * Bytes both ways: pipe() holds a side's reads while the other's writes are queued (backpressure)
+   * and passes each FIN on (half-close); an error on one side resets the other, as the proxy's own
+   * connections do, so a Service that resets its client is seen as a reset through the front too.
+   */
+  private relay(client: Socket, upstream: Socket): void {
+    client.on('error', () => upstream.resetAndDestroy());
+    upstream.on('error', () => client.resetAndDestroy());
+    upstream.on('close', () => {
+      // The upstream gone with bytes unsent to it, or without its FIN (destroyed): the client
+      // cannot be answered any more.
+      if (!client.writableEnded) client.destroy();
+    });
+    client.on('close', () => {
+      if (!upstream.writableEnded) upstream.destroy();
+    });
+    client.pipe(upstream);
+    upstream.pipe(client);
+  }
+
+  private debug(client: Socket, msg: string, request?: FrontRequest): void {
+    if (!this.log.isLevelEnabled('debug')) return;
+    this.log.debug({ client: client.remoteAddress, ...(request ? { protocol: request.protocol, target: `${request.host}:${request.port}` } : {}) }, msg);
+  }
+}
+
+/**
+ * Sends the refusal and ends our side; what the client still sends is read and dropped, so that
+ * its FIN closes the connection (an unread byte would turn our close into a reset, which could
+ * overtake the refusal). The handshake's deadline still bounds a client that never closes.
+ */
+function refuse(client: Socket, reply?: Buffer): void {
+  if (reply === undefined) client.end();
+  else client.end(reply);
+  client.resume();
+}
