@@ -15,7 +15,6 @@ import { followProxier, startHealthServer } from './io/http/healthz.js';
 import { HttpServer, sendJson } from './io/http/http-server.js';
 import { attachMetrics } from './io/http/metrics.js';
 import { ServiceHealthServer, healthCheckHosts } from './io/http/service-health.js';
-import { attachWorkerFigures, renderWorkerMetrics } from './io/http/worker-metrics.js';
 import { EventRecorder } from './io/kube/event-recorder.js';
 import { UdpReceiveBuffers } from './io/net/udp-receive-buffers.js';
 import { systemNodeAddresses } from './io/portal/node-addresses.js';
@@ -104,12 +103,12 @@ async function start(config: ProxyConfig, logger: Logger, started: Started): Pro
   // Before anything is started: no cluster to be found is one line and exit 2. The source and the
   // port-forward dialer share it (one kubeconfig, one set of credentials).
   const cluster = config.stateFile ? undefined : await loadCluster(config, { logger });
-  const dialer = createDialer(config, logger, cluster);
+  const dialer = await createDialer(config, logger, cluster);
   started.add(async () => dialer.close());
   const demand: Demand = {};
   // --workers N >= 2: the sockets live in worker processes, launched once the source is found.
   const workers = resolveWorkers(config.workers);
-  const pool = workers > 1 ? createWorkerPool(config, workers, logger) : undefined;
+  const pool = workers > 1 ? await createWorkerPool(config, workers, logger) : undefined;
   const units: UnitSet = pool ?? new LocalUnitSet({
     logger,
     balancerFactory: (deps) => new RoundRobinBalancer({ ...deps, outlier: config.outlier }),
@@ -154,10 +153,11 @@ async function start(config: ProxyConfig, logger: Logger, started: Started): Pro
     await units.refresh();
     sendJson(res, 200, { version: VERSION, portal: portal.mode, node: proxier.node.name, services: proxier.status() });
   });
-  const metrics = pool
-    ? attachMetrics(admin, { events: proxier, read: () => pool.readStats() }, { renderMore: () => renderWorkerMetrics(pool) })
+  const workerFigures = pool ? await import('./io/http/worker-metrics.js') : undefined;
+  const metrics = pool && workerFigures
+    ? attachMetrics(admin, { events: proxier, read: () => pool.readStats() }, { renderMore: () => workerFigures.renderWorkerMetrics(pool) })
     : attachMetrics(admin, { events: proxier, stats: () => units.stats() }, { kernelCounters: receiveBuffers });
-  if (pool) attachWorkerFigures(admin, pool);
+  if (pool && workerFigures) workerFigures.attachWorkerFigures(admin, pool);
   const serviceHealth = new ServiceHealthServer({ hosts: healthCheckHosts(config.portal, config.nodePortAddresses, systemNodeAddresses), logger, proxyHealthy: () => health.isHealthy() });
   started.add(() => serviceHealth.close());
   proxier.onSync((e) => void serviceHealth.sync(e.serviceHealth));

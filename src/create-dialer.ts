@@ -2,8 +2,6 @@ import type { ProxyConfig } from './config.js';
 import type { ReachPolicy } from './core/reach.js';
 import { DirectDialer } from './io/net/direct-dialer.js';
 import type { LoadedKubeConfig } from './io/kube/kubeconfig.js';
-import { PORT_FORWARD_DIAL_TIMEOUTS_MS, PortForwardDialer } from './io/port-forward/port-forward-dialer.js';
-import { HttpTunnelOpener } from './io/port-forward/tunnel-opener.js';
 import type { Logger } from './log.js';
 import type { Dialer } from './seams/dialer.js';
 
@@ -22,11 +20,17 @@ export interface CreatedDialer {
  * `--dialer direct` (the default) connects to the endpoint; `--dialer port-forward` reaches its
  * pod through the API server of `cluster`, with the kubeconfig's credentials and TLS.
  * Precondition: `cluster` is given for port-forward (config.ts refuses it with --state).
+ * The port-forward modules (and zlib with them) load only when asked for: start-up pays for
+ * what it uses.
  */
-export function createDialer(config: ProxyConfig, logger: Logger, cluster: LoadedKubeConfig | undefined): CreatedDialer {
+export async function createDialer(config: ProxyConfig, logger: Logger, cluster: LoadedKubeConfig | undefined): Promise<CreatedDialer> {
   if (config.dialer === 'direct' || cluster === undefined) {
     return { dialer: new DirectDialer({ keepAliveMs: config.tcpKeepAliveMs }), close: () => {} };
   }
+  const [{ PORT_FORWARD_DIAL_TIMEOUTS_MS, PortForwardDialer }, { HttpTunnelOpener }] = await Promise.all([
+    import('./io/port-forward/port-forward-dialer.js'),
+    import('./io/port-forward/tunnel-opener.js'),
+  ]);
   const opener = new HttpTunnelOpener({ kc: cluster.kc, logger });
   const dialer = new PortForwardDialer({ opener, logger });
   logger.info({ server: cluster.server }, 'endpoints are reached through the API server (pods/portforward): TCP only, pods only');

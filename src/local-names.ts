@@ -1,10 +1,9 @@
 import { hostPort } from './core/address.js';
-import { answerDnsQuery } from './core/dns-answer.js';
 import { nameHints } from './core/name-hints.js';
 import { ServiceDirectory, type ClientAddresses } from './core/service-directory.js';
 import type { ProxyConfig } from './config.js';
-import { DnsServer } from './io/dns/dns-server.js';
-import { FrontServer } from './io/front/front-server.js';
+import type { DnsServer } from './io/dns/dns-server.js';
+import type { FrontServer } from './io/front/front-server.js';
 import { HostsFile, removeHostsBlock } from './io/names/hosts-file.js';
 import { LoopbackPortal } from './io/portal/loopback-portal.js';
 import type { Logger } from './log.js';
@@ -67,7 +66,9 @@ export async function startLocalNames(config: ProxyConfig, parts: { events: Prox
   let dns: DnsServer | undefined;
   let dnsAddress: string | undefined;
   let bound: { host: string; port: number } | undefined;
+  // The responder and the front (and dns-packet) load only when asked for: start-up pays for what it uses.
   if (config.dnsBindAddress !== undefined) {
+    const [{ DnsServer }, { answerDnsQuery }] = await Promise.all([import('./io/dns/dns-server.js'), import('./core/dns-answer.js')]);
     const server = new DnsServer({ logger, handler: (message, transport) => answerDnsQuery(message, { directory, ttlSeconds: DNS_TTL_SECONDS, transport, ready: synced }) });
     const address = config.dnsBindAddress;
     bound = await listenOrExplain('--dns-bind-address', address, () => server.listen(address.host, address.port));
@@ -77,6 +78,7 @@ export async function startLocalNames(config: ProxyConfig, parts: { events: Prox
   let front: FrontServer | undefined;
   let frontBound: { host: string; port: number } | undefined;
   if (config.socksBindAddress !== undefined) {
+    const { FrontServer } = await import('./io/front/front-server.js');
     const server = new FrontServer({ resolver: directory, domain: config.clusterDomain, logger });
     const address = config.socksBindAddress;
     try {
@@ -92,6 +94,8 @@ export async function startLocalNames(config: ProxyConfig, parts: { events: Prox
     ...(dnsAddress !== undefined ? { dnsAddress } : {}),
     ...(frontBound !== undefined ? { socksAddress: hostPort(frontBound) } : {}),
     hints: () => {
+      // Nothing serves names: no lines, and no directory built for them (10,000 Services cost ~50 ms).
+      if (bound === undefined && frontBound === undefined && config.hostsFile === undefined) return [];
       const first = directory.entries()[0];
       const tcp = directory.entries().find((e) => e.ports.some((p) => p.protocol === 'TCP'));
       const port = tcp?.ports.find((p) => p.protocol === 'TCP')?.port;

@@ -2,10 +2,9 @@ import { availableParallelism } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import { systemClock } from './core/clock.js';
 import type { ProxyConfig } from './config.js';
-import { ForkLauncher } from './io/workers/fork-launcher.js';
 import type { Logger } from './log.js';
 import type { WorkerInit } from './seams/workers.js';
-import { WorkerPool } from './workers/worker-pool.js';
+import type { WorkerPool } from './workers/worker-pool.js';
 
 /** `--workers`: `auto` is one per core this process may run on. */
 export function resolveWorkers(workers: ProxyConfig['workers']): number {
@@ -40,7 +39,9 @@ export function workerInit(config: ProxyConfig, workers: number, seed: number, i
 }
 
 /** The worker pool of `--workers N` (N >= 2), not yet launched. */
-export function createWorkerPool(config: ProxyConfig, workers: number, logger: Logger): WorkerPool {
+/** The pool's modules load only with --workers >= 2: a one-process start-up does not pay for them. */
+export async function createWorkerPool(config: ProxyConfig, workers: number, logger: Logger): Promise<WorkerPool> {
+  const [{ ForkLauncher }, { WorkerPool }] = await Promise.all([import('./io/workers/fork-launcher.js'), import('./workers/worker-pool.js')]);
   // The same in every worker of this run, different at every start and on every node.
   const seed = Math.floor(Math.random() * 0x1_0000_0000);
   const launcher = new ForkLauncher({
