@@ -18,8 +18,13 @@ export interface WorkerPoolOptions {
   random: RandomSource;
   /** How often every worker reports its counters: what a worker killed with SIGKILL can lose at most. */
   reportIntervalMs?: number;
-  /** How long a report or status request may go unanswered before the last answer stands in. */
+  /**
+   * How long a report, status or sticky request may go unanswered: a worker that misses it is
+   * wedged (stopped, or spinning), killed and replaced.
+   */
   requestTimeoutMs?: number;
+  /** The floor of an apply's deadline (a share per unit the batch opens is added); missed, the worker is killed and replaced. */
+  applyTimeoutMs?: number;
   /** How long the workers may take to start, and how long a sync waits for a worker to serve. */
   startTimeoutMs?: number;
   /** A worker that ran at least this long before dying is replaced at once; one that died sooner after a backoff. */
@@ -27,8 +32,22 @@ export interface WorkerPoolOptions {
   restartBackoff?: Partial<BackoffOptions>;
 }
 
-/** Reports, status and sticky dumps: cheap requests that must not hang a scrape. */
+/**
+ * Reports, status and sticky dumps: cheap requests, answered at once by a worker whose event loop
+ * turns. One that stays silent this long is wedged (SIGSTOPped, or spinning), not busy: the kernel
+ * still hands it its share of new connections, which hang, so it is killed and replaced.
+ */
 const DEFAULT_REQUEST_TIMEOUT_MS = 5000;
+/**
+ * An apply's deadline: this floor, plus APPLY_MS_PER_UNIT for each unit the batch opens or makes
+ * anew. A wedged worker holds every sync (and so shutdown, which waits for the sync under way) for
+ * this long, so it is short for the common batch (endpoint moves: nothing opened); and a healthy
+ * worker must never miss it, so it grows with the binds a batch asks for: a catch-up of 10,000
+ * units gets 15 s, about 8 times what opening them takes a worker on a quiet core (bench/README.md,
+ * 10,000 ports listening in 1.9 s from the process's start).
+ */
+const DEFAULT_APPLY_TIMEOUT_MS = 5000;
+const APPLY_MS_PER_UNIT = 1;
 const DEFAULT_REPORT_INTERVAL_MS = 1000;
 const DEFAULT_START_TIMEOUT_MS = 30_000;
 const DEFAULT_STABLE_MS = 10_000;
@@ -101,6 +120,7 @@ export class WorkerPool implements UnitSet {
   private listeners = 0;
   private listenersFailed = 0;
   private restartsTotal = 0;
+  private unresponsiveTotal = 0;
 
   constructor(private readonly opts: WorkerPoolOptions) {
     this.log = opts.logger.child({ component: 'workers' });
@@ -156,8 +176,8 @@ export class WorkerPool implements UnitSet {
       const lead = await this.firstServing();
       const choosing = this.pendingPorts.size > 0 || batch.open.some(needsProxyPort) || batch.recreate.some(needsProxyPort);
       if (!choosing) return this.merge(await this.dispatch(batch, undefined));
-      const first = await this.request(lead, (id) => ({ t: 'apply', id, batch }));
-      // The first worker died before it answered: the next one binds the ports.
+      const first = await this.request(lead, (id) => ({ t: 'apply', id, batch }), this.applyDeadline(batch));
+      // The first worker died (or was killed, wedged) before it answered: the next one binds the ports.
       if (first === undefined) continue;
       if (first.t !== 'applied') return this.merge([first]);
       const fixed = withProxyPorts(batch, first.result.proxyPorts ?? []);
@@ -273,6 +293,11 @@ export class WorkerPool implements UnitSet {
     return this.restartsTotal;
   }
 
+  /** Workers killed since the start for missing a request's deadline (wedged); each is also a restart. */
+  unresponsive(): number {
+    return this.unresponsiveTotal;
+  }
+
   /** Worker processes serving now. */
   serving(): number {
     return this.slots.filter((s) => s.state === 'ready').length;
@@ -319,8 +344,9 @@ export class WorkerPool implements UnitSet {
   private catchUp(slot: Slot, handle: WorkerHandle): void {
     slot.state = 'catching-up';
     const batch = this.snapshot();
-    void this.request(slot, (id) => ({ t: 'apply', id, batch })).then((reply) => {
-      if (slot.handle !== handle) return;
+    void this.request(slot, (id) => ({ t: 'apply', id, batch }), this.applyDeadline(batch)).then((reply) => {
+      // Gone, or killed for missing the deadline (said then).
+      if (slot.handle !== handle || slot.state === 'down') return;
       if (reply?.t !== 'applied') {
         this.log.error({ worker: slot.index, pid: slot.pid, reason: reply?.t === 'failed' ? reply.message : 'no answer' }, 'a new worker could not apply the running units: replacing it');
         handle.kill('SIGKILL');
@@ -368,25 +394,45 @@ export class WorkerPool implements UnitSet {
     return this.opts.requestTimeoutMs ?? DEFAULT_REQUEST_TIMEOUT_MS;
   }
 
-  /** Resolves with the reply, or undefined when the worker is gone (or `timeoutMs` passed). */
-  private request(slot: Slot, make: (id: number) => ToWorker, timeoutMs?: number): Promise<FromWorker | undefined> {
+  private applyDeadline(batch: UnitBatch): number {
+    return (this.opts.applyTimeoutMs ?? DEFAULT_APPLY_TIMEOUT_MS) + APPLY_MS_PER_UNIT * (batch.open.length + batch.recreate.length);
+  }
+
+  /**
+   * Resolves with the reply, or undefined when the worker is gone or `timeoutMs` passed. A worker
+   * that lets the deadline pass is wedged: it is killed (and replaced, as any worker that exits);
+   * during shutdown, shutdown() does that itself.
+   */
+  private request(slot: Slot, make: (id: number) => ToWorker, timeoutMs: number): Promise<FromWorker | undefined> {
     const handle = slot.handle;
     if (handle === undefined) return Promise.resolve(undefined);
     const id = ++this.nextId;
+    const message = make(id);
     return new Promise((resolve) => {
-      let timer: NodeJS.Timeout | undefined;
+      const timer = setTimeout(() => {
+        slot.pending.delete(id);
+        resolve(undefined);
+        if (!this.stopping) this.killUnresponsive(slot, handle, message.t, timeoutMs);
+      }, timeoutMs);
       slot.pending.set(id, (reply) => {
         clearTimeout(timer);
         resolve(reply);
       });
-      if (timeoutMs !== undefined) {
-        timer = setTimeout(() => {
-          slot.pending.delete(id);
-          resolve(undefined);
-        }, timeoutMs);
-      }
-      handle.send(make(id));
+      handle.send(message);
     });
+  }
+
+  /**
+   * A worker that did not answer in time: SIGKILL (it is our child, by its pid), counted and said;
+   * its exit brings the replacement. Marked down at once, so that no sync picks or waits for it
+   * meanwhile.
+   */
+  private killUnresponsive(slot: Slot, handle: WorkerHandle, request: string, deadlineMs: number): void {
+    if (slot.handle !== handle || slot.state === 'down') return;
+    slot.state = 'down';
+    this.unresponsiveTotal++;
+    this.log.error({ worker: slot.index, pid: slot.pid, request, deadlineMs }, 'worker did not answer in time (stopped or stuck): killing it; a replacement follows');
+    handle.kill('SIGKILL');
   }
 
   /** The lowest-numbered serving worker, waiting (bounded) when none serves right now. */
@@ -414,11 +460,12 @@ export class WorkerPool implements UnitSet {
    */
   private async dispatch(batch: UnitBatch, except: Slot | undefined): Promise<FromWorker[]> {
     this.record(batch);
+    const deadline = this.applyDeadline(batch);
     const waits: Array<Promise<FromWorker | undefined>> = [];
     for (const slot of this.slots) {
       if (slot === except) continue;
-      if (slot.state === 'ready') waits.push(this.request(slot, (id) => ({ t: 'apply', id, batch })));
-      else if (slot.state === 'catching-up') void this.request(slot, (id) => ({ t: 'apply', id, batch }));
+      if (slot.state === 'ready') waits.push(this.request(slot, (id) => ({ t: 'apply', id, batch }), deadline));
+      else if (slot.state === 'catching-up') void this.request(slot, (id) => ({ t: 'apply', id, batch }), deadline);
     }
     const replies = await Promise.all(waits);
     return replies.filter((r): r is FromWorker => r !== undefined);
