@@ -1,4 +1,4 @@
-import { connect, type Socket } from 'node:net';
+import { connect, createServer, type AddressInfo, type Socket } from 'node:net';
 import { afterEach, describe, expect, it } from 'vitest';
 import { rendezvousPick } from '../src/core/balancer/shared-order.js';
 import { systemClock } from '../src/core/clock.js';
@@ -117,6 +117,28 @@ describe('WorkerPool', () => {
     await pool.apply(batch({ open: [{ unit: unit('default/api:http', [a as Endpoint]), listen: PROXY_PORT_SPEC }] }));
     const apiPort = pool.views().find((v) => v.unit.id === 'default/api:http')?.proxyPort;
     for (const i of [0, 1]) expect(launcher.current(i).units.views().find((v) => v.unit.id === 'default/api:http')?.proxyPort).toBe(apiPort);
+  });
+
+  it("a unit whose proxy port the first worker could not bind gets one after that worker's replacement", async () => {
+    // The range's one port is held by a socket without SO_REUSEPORT: no worker can bind it.
+    const blocker = createServer();
+    await new Promise<void>((resolve) => blocker.listen(0, '127.0.0.1', resolve));
+    const port = (blocker.address() as AddressInfo).port;
+    closers.push(() => new Promise<void>((resolve) => blocker.close(() => resolve())));
+    const launcher = new InProcessLauncher({ seed: SEED, proxyPortRange: { base: port, size: 1 } });
+    const pool = await startPool(launcher);
+    const [a] = await backends('a');
+    await pool.apply(batch({ open: [{ unit: unit('default/web:http', [a as Endpoint]), listen: PROXY_PORT_SPEC }] }));
+    expect(pool.views()[0]?.proxyPort).toBeFalsy();
+    const oldPid = pool.figures()[0]?.pid;
+    launcher.current(0).crash();
+    await waitFor(() => pool.figures()[0]?.state === 'ready' && pool.figures()[0]?.pid !== oldPid, 'a replacement worker to serve');
+    await new Promise<void>((resolve) => blocker.close(() => resolve()));
+    // The next sync: the first worker (the replacement) chooses the port, the other binds it too.
+    await pool.apply(batch({}));
+    expect(pool.views()[0]?.proxyPort).toBe(port);
+    for (const i of [0, 1]) expect(launcher.current(i).units.status()[0]?.proxyPort).toBe(port);
+    expect(await whoAnswers(port)).toBe('a');
   });
 
   it('relays ClientIP affinity: a client keeps its endpoint on the other worker after the endpoint set grew', async () => {

@@ -102,7 +102,10 @@ export class LocalUnitSet implements UnitSet, AffinityShare {
     for (const u of batch.update) this.updateUnit(u);
     for (const { id, port } of batch.proxyPorts ?? []) {
       const ru = this.units.get(id);
-      if (ru !== undefined && ru.proxyPort === undefined) ru.fixedProxyPort = port;
+      if (ru === undefined || ru.proxyPort !== undefined) continue;
+      // 0: no worker has one; this one chooses (at the retry below).
+      if (port === 0) delete ru.fixedProxyPort;
+      else ru.fixedProxyPort = port;
     }
     const retried = batch.retryFailedListeners === false ? { failed: 0, bound: 0 } : await this.retryListeners(batch);
     const result: UnitBatchResult = { listenErrors: listenErrors + retried.failed, rebound: retried.bound };

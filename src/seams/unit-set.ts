@@ -43,7 +43,8 @@ export interface UnitBatch {
   retryFailedListeners?: boolean;
   /**
    * Running units whose proxy port the first worker bound only now (it had failed before): bind
-   * that one (`--workers`).
+   * that one (`--workers`). Port 0, to the worker that binds the proxy ports: none has one yet;
+   * choose one, as for a new unit.
    */
   proxyPorts?: UnitProxyPort[];
 }

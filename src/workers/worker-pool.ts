@@ -176,7 +176,7 @@ export class WorkerPool implements UnitSet {
       const lead = await this.firstServing();
       const choosing = this.pendingPorts.size > 0 || batch.open.some(needsProxyPort) || batch.recreate.some(needsProxyPort);
       if (!choosing) return this.merge(await this.dispatch(batch, undefined));
-      const first = await this.request(lead, (id) => ({ t: 'apply', id, batch }), this.applyDeadline(batch));
+      const first = await this.request(lead, (id) => ({ t: 'apply', id, batch: this.forLead(batch) }), this.applyDeadline(batch));
       // The first worker died (or was killed, wedged) before it answered: the next one binds the ports.
       if (first === undefined) continue;
       if (first.t !== 'applied') return this.merge([first]);
@@ -510,6 +510,18 @@ export class WorkerPool implements UnitSet {
       r.proxyPort = port;
       this.pendingPorts.delete(id);
     }
+  }
+
+  /**
+   * The batch for the worker that binds the proxy ports: told to choose one for every running unit
+   * still without (port 0), whichever worker failed to bind it before. The worker that failed may
+   * have been replaced since, and a replacement (or a sibling that leads now) was given port 0 as
+   * "none yet": without this, no worker would ever choose.
+   */
+  private forLead(batch: UnitBatch): UnitBatch {
+    const opened = new Set([...batch.open, ...batch.recreate].map((o) => o.unit.id));
+    const choose = [...this.pendingPorts].filter((id) => !opened.has(id)).map((id) => ({ id, port: 0 }));
+    return choose.length === 0 ? batch : { ...batch, proxyPorts: [...(batch.proxyPorts ?? []), ...choose] };
   }
 
   /** Every running unit, with the proxy port every worker binds. */
