@@ -40,14 +40,15 @@ export type ToWorker =
   | { t: 'apply'; id: number; batch: UnitBatch }
   /** Start the coarse sweep (the sync loop has done its first sync). */
   | { t: 'start' }
-  | { t: 'report'; id: number }
+  /** `ack`: the round of the last report the controller received (0: none from this process). */
+  | { t: 'report'; id: number; ack: number }
   | { t: 'status'; id: number }
   /** Sticky entries a sibling made or used. */
   | { t: 'sticky'; updates: UnitStickyUpdates[] }
   /** Every live sticky entry, for a new sibling. */
   | { t: 'stickyDump'; id: number }
   /** Stop accepting, drain for up to `graceMs`, cut the rest, report, exit. */
-  | { t: 'shutdown'; id: number; graceMs: number };
+  | { t: 'shutdown'; id: number; graceMs: number; ack: number };
 
 /** Worker to controller. */
 export type FromWorker =

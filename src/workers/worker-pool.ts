@@ -3,7 +3,7 @@ import type { Clock, RandomSource } from '../core/clock.js';
 import { ProxyError } from '../core/errors.js';
 import type { Endpoint } from '../core/model.js';
 import type { Reading } from '../core/stats-ledger.js';
-import { NodeStats } from '../core/worker-stats.js';
+import { NodeStats, type WorkerReport } from '../core/worker-stats.js';
 import type { Logger } from '../seams/logger.js';
 import type { RunningUnitView } from '../seams/portal.js';
 import type { UnitBatch, UnitBatchResult, UnitOpen, UnitProxyPort, UnitSet, UnitStats, UnitStatus } from '../seams/unit-set.js';
@@ -61,6 +61,8 @@ interface Slot {
   state: WorkerFigures['state'];
   startedAt: number;
   restarts: number;
+  /** The round of the current process's last report taken in (0: none): acknowledged in the next request. */
+  acked: number;
   backoff: Backoff;
   restartTimer: NodeJS.Timeout | undefined;
   /** Replies awaited, by request id; resolved with undefined when the process is gone or too slow. */
@@ -132,6 +134,7 @@ export class WorkerPool implements UnitSet {
         state: 'down',
         startedAt: 0,
         restarts: 0,
+        acked: 0,
         backoff: new Backoff({ initialMs: 1000, maxMs: 30_000, jitter: 0.2, ...opts.restartBackoff }, opts.random),
         restartTimer: undefined,
         pending: new Map(),
@@ -235,12 +238,12 @@ export class WorkerPool implements UnitSet {
     clearInterval(this.reportTimer);
     for (const slot of this.slots) clearTimeout(slot.restartTimer);
     const live = this.slots.filter((s) => s.handle !== undefined);
-    const replies = await Promise.all(live.map(async (slot) => ({ slot, reply: await this.request(slot, (id) => ({ t: 'shutdown', id, graceMs }), graceMs + SHUTDOWN_MARGIN_MS) })));
+    const replies = await Promise.all(live.map(async (slot) => ({ slot, reply: await this.request(slot, (id) => ({ t: 'shutdown', id, graceMs, ack: slot.acked }), graceMs + SHUTDOWN_MARGIN_MS) })));
     let cut = 0;
     for (const { slot, reply } of replies) {
       if (reply?.t === 'shutdown') {
         cut += reply.cut;
-        this.nodeStats.update(slot.index, reply.report);
+        this.takeReport(slot, reply.report);
         continue;
       }
       // Hung (or gone): what it had open is cut with it.
@@ -313,6 +316,7 @@ export class WorkerPool implements UnitSet {
     slot.pid = handle.pid;
     slot.state = 'starting';
     slot.startedAt = this.opts.clock.now();
+    slot.acked = 0;
     slot.exited = new Promise<void>((resolve) => {
       slot.markExited = resolve;
     });
@@ -531,14 +535,21 @@ export class WorkerPool implements UnitSet {
     return { close: [], recreate: [], open, update: [] };
   }
 
+  /** A report of the slot's current process; one older than what was taken in already is stale. */
+  private takeReport(slot: Slot, report: WorkerReport): void {
+    if (report.round <= slot.acked) return;
+    slot.acked = report.round;
+    this.nodeStats.update(slot.index, report);
+  }
+
   /** One report from every worker that serves or catches up; concurrent callers share it. */
   private collect(): Promise<void> {
     this.collecting ??= (async () => {
       const live = this.slots.filter((s) => s.state === 'ready' || s.state === 'catching-up');
       await Promise.all(live.map(async (slot) => {
         const handle = slot.handle;
-        const reply = await this.request(slot, (id) => ({ t: 'report', id }), this.requestTimeout());
-        if (reply?.t === 'report' && slot.handle === handle) this.nodeStats.update(slot.index, reply.report);
+        const reply = await this.request(slot, (id) => ({ t: 'report', id, ack: slot.acked }), this.requestTimeout());
+        if (reply?.t === 'report' && slot.handle === handle) this.takeReport(slot, reply.report);
       }));
     })().finally(() => {
       this.collecting = undefined;
