@@ -86,6 +86,9 @@ export class LocalUnitSet implements UnitSet, AffinityShare {
   }
 
   async apply(batch: UnitBatch): Promise<UnitBatchResult> {
+    // The portal has been synced after the batch before (the loop syncs it after every batch that
+    // closes a unit): the ports that batch freed point nowhere now.
+    this.opts.portAllocator.releaseQuarantined();
     this.boundProxyPorts = [];
     let listenErrors = 0;
     const failedListeners = (id: string): number => this.units.get(id)?.listeners.filter((l) => l.error).length ?? 0;
@@ -254,7 +257,8 @@ export class LocalUnitSet implements UnitSet, AffinityShare {
       if (l.bound) this.bound--;
       if (l.error !== undefined) this.failing--;
     }
-    if (ru.proxyPort !== undefined) this.opts.portAllocator.release(ru.proxyPort);
+    // Not to another unit of this batch: the portal still sends this one's traffic there.
+    if (ru.proxyPort !== undefined) this.opts.portAllocator.quarantine(ru.proxyPort);
     const socket = ru.socket;
     this.retired.add(socket);
     // Closing stops accepting; established TCP connections run on until they end.
