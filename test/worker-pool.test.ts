@@ -7,7 +7,7 @@ import type { ProxyUnit } from '../src/core/units.js';
 import { silentLogger } from '../src/log.js';
 import type { ListenSpec } from '../src/seams/portal.js';
 import type { UnitBatch } from '../src/seams/unit-set.js';
-import { WorkerPool } from '../src/workers/worker-pool.js';
+import { WorkerPool, type WorkerPoolOptions } from '../src/workers/worker-pool.js';
 import { InProcessLauncher } from './helpers/in-process-workers.js';
 import { tcpEchoServer, waitFor } from './helpers/net.js';
 import { withDeadline } from './helpers/proxy-fixtures.js';
@@ -26,8 +26,8 @@ afterEach(async () => {
   for (const c of closers.splice(0)) await c();
 });
 
-async function startPool(launcher: InProcessLauncher, size = 2): Promise<WorkerPool> {
-  const pool = new WorkerPool({ size, launcher, logger: silentLogger(), clock: systemClock, random: Math.random, restartBackoff: { initialMs: 10, maxMs: 10 }, reportIntervalMs: 60_000 });
+async function startPool(launcher: InProcessLauncher, size = 2, over: Partial<WorkerPoolOptions> = {}): Promise<WorkerPool> {
+  const pool = new WorkerPool({ size, launcher, logger: silentLogger(), clock: systemClock, random: Math.random, restartBackoff: { initialMs: 10, maxMs: 10 }, reportIntervalMs: 60_000, ...over });
   pools.push(pool);
   await pool.launch();
   return pool;
@@ -169,6 +169,25 @@ describe('WorkerPool', () => {
     // ...and both workers took some of those connections.
     expect(acceptedBy(launcher, 0)).toBeGreaterThan(accepted[0] as number);
     expect(acceptedBy(launcher, 1)).toBeGreaterThan(accepted[1] as number);
+  });
+
+  it('reads the kernel counters (/proc/net/udp) for a scrape, not for every periodic report', async () => {
+    let reports = 0;
+    let refreshes = 0;
+    const launcher = new InProcessLauncher({
+      seed: SEED,
+      onReceive: (_, m) => {
+        if (m.t === 'report') reports++;
+      },
+      onRefreshCounters: () => {
+        refreshes++;
+      },
+    });
+    const pool = await startPool(launcher, 2, { reportIntervalMs: 10 });
+    await waitFor(() => reports >= 6, 'a few periodic reports');
+    expect(refreshes).toBe(0);
+    await pool.readStats();
+    expect(refreshes).toBe(2);
   });
 
   it('drains every worker at shutdown and sums what they cut', async () => {

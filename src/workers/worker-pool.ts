@@ -117,7 +117,8 @@ export class WorkerPool implements UnitSet {
   private launching: { resolve: () => void; reject: (err: unknown) => void } | undefined;
   private readyWaiters: Array<() => void> = [];
   private reportTimer: NodeJS.Timeout | undefined;
-  private collecting: Promise<void> | undefined;
+  /** The collection under way, of each kind (with the kernel's counters read first, or not): callers share it. */
+  private readonly collecting = new Map<boolean, Promise<void>>();
   private lastStatus: UnitStatus[] = [];
   private listeners = 0;
   private listenersFailed = 0;
@@ -167,7 +168,9 @@ export class WorkerPool implements UnitSet {
       this.launching = undefined;
     }
     this.log.info({ workers: this.opts.size, pids: this.slots.map((s) => s.pid) }, 'worker processes serving');
-    this.reportTimer = setInterval(() => void this.collect(), this.opts.reportIntervalMs ?? DEFAULT_REPORT_INTERVAL_MS);
+    // What a worker killed with SIGKILL loses at most. The kernel's counters (UDP receive-buffer
+    // drops, from /proc/net/udp: a file of every UDP socket on the node) are read at scrapes only.
+    this.reportTimer = setInterval(() => void this.collect(false), this.opts.reportIntervalMs ?? DEFAULT_REPORT_INTERVAL_MS);
     this.reportTimer.unref();
   }
 
@@ -261,13 +264,13 @@ export class WorkerPool implements UnitSet {
 
   /** Asks every worker for its counters (bounded wait; a silent one counts with its last report), then sums. */
   async readStats(): Promise<PoolReading> {
-    await this.collect();
+    await this.collect(true);
     return { reading: this.nodeStats.read(), running: this.records.size };
   }
 
   /** Asks every worker for its counters: figures() is up to date then. */
   async refreshFigures(): Promise<void> {
-    await this.collect();
+    await this.collect(false);
   }
 
   /** Each worker slot, as of the last reports. */
@@ -542,19 +545,25 @@ export class WorkerPool implements UnitSet {
     this.nodeStats.update(slot.index, report);
   }
 
-  /** One report from every worker that serves or catches up; concurrent callers share it. */
-  private collect(): Promise<void> {
-    this.collecting ??= (async () => {
+  /**
+   * One report from every worker that serves or catches up; concurrent callers of the same kind
+   * share it. `kernel`: each worker reads the kernel's counters first (for a scrape).
+   */
+  private collect(kernel: boolean): Promise<void> {
+    let under = this.collecting.get(kernel);
+    if (under !== undefined) return under;
+    under = (async () => {
       const live = this.slots.filter((s) => s.state === 'ready' || s.state === 'catching-up');
       await Promise.all(live.map(async (slot) => {
         const handle = slot.handle;
-        const reply = await this.request(slot, (id) => ({ t: 'report', id, ack: slot.acked }), this.requestTimeout());
+        const reply = await this.request(slot, (id) => ({ t: 'report', id, ack: slot.acked, kernel }), this.requestTimeout());
         if (reply?.t === 'report' && slot.handle === handle) this.takeReport(slot, reply.report);
       }));
     })().finally(() => {
-      this.collecting = undefined;
+      this.collecting.delete(kernel);
     });
-    return this.collecting;
+    this.collecting.set(kernel, under);
+    return under;
   }
 }
 
