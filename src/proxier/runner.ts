@@ -21,6 +21,10 @@ const realTimers: RunnerTimers = {
 };
 
 export class BoundedFrequencyRunner {
+  /**
+   * -Infinity: the first run after start is not held back by the minimum interval. Upstream's is
+   * not either: its rate limiter is a token bucket that starts full (burstRuns tokens).
+   */
   private lastRun = -Infinity;
   private lastPeriodicRun = -Infinity;
   private timer: unknown;
