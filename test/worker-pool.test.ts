@@ -190,6 +190,27 @@ describe('WorkerPool', () => {
     expect(refreshes).toBe(2);
   });
 
+  it('/services readers share one status query per worker, until a sync completes', async () => {
+    let asked = 0;
+    const launcher = new InProcessLauncher({
+      seed: SEED,
+      onReceive: (_, m) => {
+        if (m.t === 'status') asked++;
+      },
+    });
+    const pool = await startPool(launcher);
+    const [a] = await backends('a');
+    await pool.apply(batch({ open: [{ unit: unit('default/web:http', [a as Endpoint]), listen: PROXY_PORT_SPEC }] }));
+    await Promise.all(Array.from({ length: 5 }, () => pool.refresh()));
+    expect(asked).toBe(2);
+    await pool.refresh();
+    expect(asked).toBe(2);
+    await pool.apply(batch({ open: [{ unit: unit('default/api:http', [a as Endpoint]), listen: PROXY_PORT_SPEC }] }));
+    await pool.refresh();
+    expect(asked).toBe(4);
+    expect(pool.status().map((s) => s.name)).toEqual(['default/api:http', 'default/web:http']);
+  });
+
   it('drains every worker at shutdown and sums what they cut', async () => {
     const launcher = new InProcessLauncher({ seed: SEED });
     const pool = await startPool(launcher);

@@ -49,6 +49,8 @@ const DEFAULT_REQUEST_TIMEOUT_MS = 5000;
 const DEFAULT_APPLY_TIMEOUT_MS = 5000;
 const APPLY_MS_PER_UNIT = 1;
 const DEFAULT_REPORT_INTERVAL_MS = 1000;
+/** How long a /services answer is reused (when no sync has completed since): its connection counts are that old at most. */
+const STATUS_FRESH_MS = 1000;
 const DEFAULT_START_TIMEOUT_MS = 30_000;
 const DEFAULT_STABLE_MS = 10_000;
 /** After the grace period, how long a worker may take to report and exit before it is killed. */
@@ -120,6 +122,11 @@ export class WorkerPool implements UnitSet {
   /** The collection under way, of each kind (with the kernel's counters read first, or not): callers share it. */
   private readonly collecting = new Map<boolean, Promise<void>>();
   private lastStatus: UnitStatus[] = [];
+  /** Applies completed so far: a status asked for before the last one may not show it. */
+  private appliedCount = 0;
+  /** The status query under way, and the last one's answer: when taken, and after which apply. */
+  private statusQuery: { done: Promise<void>; applied: number } | undefined;
+  private statusTaken = { at: -Infinity, applied: -1 };
   private listeners = 0;
   private listenersFailed = 0;
   private restartsTotal = 0;
@@ -177,6 +184,14 @@ export class WorkerPool implements UnitSet {
   // --- UnitSet ------------------------------------------------------------------------------------
 
   async apply(batch: UnitBatch): Promise<UnitBatchResult> {
+    try {
+      return await this.applyToWorkers(batch);
+    } finally {
+      this.appliedCount++;
+    }
+  }
+
+  private async applyToWorkers(batch: UnitBatch): Promise<UnitBatchResult> {
     if (this.stopping) return { listenErrors: 0, rebound: 0 };
     for (;;) {
       const lead = await this.firstServing();
@@ -205,12 +220,33 @@ export class WorkerPool implements UnitSet {
     return [];
   }
 
-  /** Asks every serving worker for its view of the units: one line per unit, active summed. */
+  /**
+   * Asks every serving worker for its view of the units: one line per unit, active summed. Readers
+   * share one query (every worker walks all its units for it): one under way, or one answered
+   * within STATUS_FRESH_MS, serves when no apply has completed since it was asked.
+   */
   async refresh(): Promise<void> {
+    const applied = this.appliedCount;
+    if (this.statusQuery !== undefined && this.statusQuery.applied === applied) return this.statusQuery.done;
+    if (this.statusTaken.applied === applied && this.opts.clock.now() - this.statusTaken.at < STATUS_FRESH_MS) return;
+    const query = { done: this.queryStatus(applied), applied };
+    this.statusQuery = query;
+    try {
+      await query.done;
+    } finally {
+      if (this.statusQuery === query) this.statusQuery = undefined;
+    }
+  }
+
+  private async queryStatus(applied: number): Promise<void> {
+    const at = this.opts.clock.now();
     const serving = this.slots.filter((s) => s.state === 'ready');
     const answers = await Promise.all(serving.map(async (slot) => ({ slot, reply: await this.request(slot, (id) => ({ t: 'status', id }), this.requestTimeout()) })));
     const got = answers.filter((a): a is { slot: Slot; reply: Extract<FromWorker, { t: 'status' }> } => a.reply?.t === 'status');
+    // A query asked before a later one's apply, answered after it, is older: not taken.
+    if (applied < this.statusTaken.applied) return;
     this.lastStatus = mergeStatus(got.map((a) => ({ worker: a.slot.index, status: a.reply.status })));
+    this.statusTaken = { at, applied };
   }
 
   endpoints(id: string): readonly Endpoint[] | undefined {
