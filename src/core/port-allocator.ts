@@ -122,12 +122,14 @@ export class PortAllocator {
    * Frees `port`, but not before releaseQuarantined(): a closed unit's port, which the portal's
    * rules (and conntrack entries) still point at until the portal is synced after the batch that
    * closed it. Handed to another unit of the same batch, it would take that unit's traffic.
+   * Whether it was a port of the range, now quarantined.
    */
-  quarantine(port: number): void {
+  quarantine(port: number): boolean {
     const i = this.offset(port);
-    if (i === undefined || this.used[i] !== TAKEN) return;
+    if (i === undefined || this.used[i] !== TAKEN) return false;
     this.used[i] = QUARANTINED;
     this.quarantined.push(i);
+    return true;
   }
 
   /** Frees every quarantined port: the portal has been synced since they were quarantined. */

@@ -81,6 +81,8 @@ export class LocalUnitSet implements UnitSet, AffinityShare {
   private failing = 0;
   /** Proxy ports bound during the apply under way: its result tells the other workers. */
   private boundProxyPorts: UnitProxyPort[] = [];
+  /** Proxy ports the apply under way freed, quarantined until the next. */
+  private heldProxyPorts = 0;
   /** Units whose balancers have sticky entries to share (shared balancing). */
   private readonly stickyNews = new Set<string>();
 
@@ -96,6 +98,7 @@ export class LocalUnitSet implements UnitSet, AffinityShare {
     // closes a unit): the ports that batch freed point nowhere now.
     this.opts.portAllocator.releaseQuarantined();
     this.boundProxyPorts = [];
+    this.heldProxyPorts = 0;
     let listenErrors = 0;
     const failedListeners = (id: string): number => this.units.get(id)?.listeners.filter((l) => l.error).length ?? 0;
     for (const id of batch.close) this.closeUnit(id);
@@ -119,6 +122,7 @@ export class LocalUnitSet implements UnitSet, AffinityShare {
     const retried = batch.retryFailedListeners === false ? { failed: 0, bound: 0 } : await this.retryListeners(batch);
     const result: UnitBatchResult = { listenErrors: listenErrors + retried.failed, rebound: retried.bound };
     if (this.boundProxyPorts.length > 0) result.proxyPorts = this.boundProxyPorts;
+    if (this.heldProxyPorts > 0) result.proxyPortsHeld = this.heldProxyPorts;
     this.boundProxyPorts = [];
     return result;
   }
@@ -268,7 +272,7 @@ export class LocalUnitSet implements UnitSet, AffinityShare {
       if (l.error !== undefined) this.failing--;
     }
     // Not to another unit of this batch: the portal still sends this one's traffic there.
-    if (ru.proxyPort !== undefined) this.opts.portAllocator.quarantine(ru.proxyPort);
+    if (ru.proxyPort !== undefined && this.opts.portAllocator.quarantine(ru.proxyPort)) this.heldProxyPorts++;
     const socket = ru.socket;
     this.retired.add(socket);
     // Closing stops accepting; established TCP connections run on until they end.

@@ -524,6 +524,8 @@ export class WorkerPool implements UnitSet {
       // The workers run the same units: errors are mostly the same ones, so the most any had.
       result.listenErrors = Math.max(result.listenErrors, r.result.listenErrors);
       result.rebound += r.result.rebound;
+      const held = Math.max(result.proxyPortsHeld ?? 0, r.result.proxyPortsHeld ?? 0);
+      if (held > 0) result.proxyPortsHeld = held;
       listeners ??= r.listeners;
       listenersFailed ??= r.listenersFailed;
     }
