@@ -7,6 +7,7 @@ import type { ProxyUnit } from '../src/core/units.js';
 import { silentLogger } from '../src/log.js';
 import type { ListenSpec } from '../src/seams/portal.js';
 import type { UnitBatch } from '../src/seams/unit-set.js';
+import type { WorkerLauncher } from '../src/seams/workers.js';
 import { WorkerPool, type WorkerPoolOptions } from '../src/workers/worker-pool.js';
 import { InProcessLauncher } from './helpers/in-process-workers.js';
 import { tcpEchoServer, waitFor } from './helpers/net.js';
@@ -26,7 +27,7 @@ afterEach(async () => {
   for (const c of closers.splice(0)) await c();
 });
 
-async function startPool(launcher: InProcessLauncher, size = 2, over: Partial<WorkerPoolOptions> = {}): Promise<WorkerPool> {
+async function startPool(launcher: WorkerLauncher, size = 2, over: Partial<WorkerPoolOptions> = {}): Promise<WorkerPool> {
   const pool = new WorkerPool({ size, launcher, logger: silentLogger(), clock: systemClock, random: Math.random, restartBackoff: { initialMs: 10, maxMs: 10 }, reportIntervalMs: 60_000, ...over });
   pools.push(pool);
   await pool.launch();
@@ -139,6 +140,41 @@ describe('WorkerPool', () => {
     expect(pool.views()[0]?.proxyPort).toBe(port);
     for (const i of [0, 1]) expect(launcher.current(i).units.status()[0]?.proxyPort).toBe(port);
     expect(await whoAnswers(port)).toBe('a');
+  });
+
+  it("does not take a new worker busy with its catch-up for wedged: a sync queued behind it is due after it", async () => {
+    const inner = new InProcessLauncher({ seed: SEED });
+    let launches = 0;
+    // The replacement's first answer (to its catch-up) comes 600 ms late, and so everything after it.
+    const launcher: WorkerLauncher = {
+      launch: (index) => {
+        const h = inner.launch(index);
+        if (++launches <= 2) return h;
+        let held = false;
+        let chain = Promise.resolve();
+        return {
+          pid: h.pid,
+          send: (m) => h.send(m),
+          onExit: (l) => h.onExit(l),
+          kill: (signal) => h.kill(signal),
+          onMessage: (l) => h.onMessage((m) => {
+            const late = m.t === 'applied' && !held;
+            if (late) held = true;
+            chain = chain.then(() => (late ? new Promise((r) => setTimeout(r, 600)) : undefined)).then(() => l(m));
+          }),
+        };
+      },
+    };
+    // A catch-up of 600 units is due in 300 + 600 ms; a sync of nothing new, in 300 ms.
+    const pool = await startPool(launcher, 2, { applyTimeoutMs: 300 });
+    const many = Array.from({ length: 600 }, (_, i) => ({ unit: unit(`default/s${i}:http`, []), listen: [] }));
+    await pool.apply(batch({ open: many }));
+    inner.current(0).crash();
+    await waitFor(() => pool.figures()[0]?.state === 'catching-up', 'the replacement to catch up');
+    await pool.apply(batch({ update: [unit('default/s0:http', [])] }));
+    await waitFor(() => pool.figures()[0]?.state === 'ready', 'the replacement to serve');
+    expect(pool.unresponsive()).toBe(0);
+    expect(pool.restarts()).toBe(1);
   });
 
   it('relays ClientIP affinity: a client keeps its endpoint on the other worker after the endpoint set grew', async () => {

@@ -65,6 +65,9 @@ interface Slot {
   restarts: number;
   /** The round of the current process's last report taken in (0: none): acknowledged in the next request. */
   acked: number;
+  /** When the applies sent to the current process and not answered yet are due, the last one included. */
+  appliesDue: number;
+  appliesPending: number;
   backoff: Backoff;
   restartTimer: NodeJS.Timeout | undefined;
   /** Replies awaited, by request id; resolved with undefined when the process is gone or too slow. */
@@ -143,6 +146,8 @@ export class WorkerPool implements UnitSet {
         startedAt: 0,
         restarts: 0,
         acked: 0,
+        appliesDue: 0,
+        appliesPending: 0,
         backoff: new Backoff({ initialMs: 1000, maxMs: 30_000, jitter: 0.2, ...opts.restartBackoff }, opts.random),
         restartTimer: undefined,
         pending: new Map(),
@@ -197,7 +202,7 @@ export class WorkerPool implements UnitSet {
       const lead = await this.firstServing();
       const choosing = this.pendingPorts.size > 0 || batch.open.some(needsProxyPort) || batch.recreate.some(needsProxyPort);
       if (!choosing) return this.merge(await this.dispatch(batch, undefined));
-      const first = await this.request(lead, (id) => ({ t: 'apply', id, batch: this.forLead(batch) }), this.applyDeadline(batch));
+      const first = await this.sendApply(lead, this.forLead(batch));
       // The first worker died (or was killed, wedged) before it answered: the next one binds the ports.
       if (first === undefined) continue;
       if (first.t !== 'applied') return this.merge([first]);
@@ -356,6 +361,8 @@ export class WorkerPool implements UnitSet {
     slot.state = 'starting';
     slot.startedAt = this.opts.clock.now();
     slot.acked = 0;
+    slot.appliesDue = 0;
+    slot.appliesPending = 0;
     slot.exited = new Promise<void>((resolve) => {
       slot.markExited = resolve;
     });
@@ -387,7 +394,7 @@ export class WorkerPool implements UnitSet {
   private catchUp(slot: Slot, handle: WorkerHandle): void {
     slot.state = 'catching-up';
     const batch = this.snapshot();
-    void this.request(slot, (id) => ({ t: 'apply', id, batch }), this.applyDeadline(batch)).then((reply) => {
+    void this.sendApply(slot, batch).then((reply) => {
       // Gone, or killed for missing the deadline (said then).
       if (slot.handle !== handle || slot.state === 'down') return;
       if (reply?.t !== 'applied') {
@@ -439,6 +446,24 @@ export class WorkerPool implements UnitSet {
 
   private applyDeadline(batch: UnitBatch): number {
     return (this.opts.applyTimeoutMs ?? DEFAULT_APPLY_TIMEOUT_MS) + APPLY_MS_PER_UNIT * (batch.open.length + batch.recreate.length);
+  }
+
+  /**
+   * Sends a batch. A worker applies batches in order, so one queued behind another (a sync behind a
+   * new worker's catch-up of every unit) is due its own deadline after the one before it is due:
+   * a worker busy with a long catch-up is not taken for wedged.
+   */
+  private async sendApply(slot: Slot, batch: UnitBatch): Promise<FromWorker | undefined> {
+    const now = this.opts.clock.now();
+    const handle = slot.handle;
+    slot.appliesDue = Math.max(now, slot.appliesDue) + this.applyDeadline(batch);
+    slot.appliesPending++;
+    try {
+      return await this.request(slot, (id) => ({ t: 'apply', id, batch }), slot.appliesDue - now);
+    } finally {
+      // None queued any more: the next is due its own deadline from when it is sent.
+      if (slot.handle === handle && --slot.appliesPending === 0) slot.appliesDue = 0;
+    }
   }
 
   /**
@@ -503,12 +528,11 @@ export class WorkerPool implements UnitSet {
    */
   private async dispatch(batch: UnitBatch, except: Slot | undefined): Promise<FromWorker[]> {
     this.record(batch);
-    const deadline = this.applyDeadline(batch);
     const waits: Array<Promise<FromWorker | undefined>> = [];
     for (const slot of this.slots) {
       if (slot === except) continue;
-      if (slot.state === 'ready') waits.push(this.request(slot, (id) => ({ t: 'apply', id, batch }), deadline));
-      else if (slot.state === 'catching-up') void this.request(slot, (id) => ({ t: 'apply', id, batch }), deadline);
+      if (slot.state === 'ready') waits.push(this.sendApply(slot, batch));
+      else if (slot.state === 'catching-up') void this.sendApply(slot, batch);
     }
     const replies = await Promise.all(waits);
     return replies.filter((r): r is FromWorker => r !== undefined);
