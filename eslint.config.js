@@ -59,7 +59,9 @@ function layerRules() {
   return configs;
 }
 
-const NODE_IO = ['node:net', 'node:dgram', 'node:child_process', 'node:fs', 'node:fs/promises', 'node:http', 'node:https', 'node:http2', 'net', 'dgram', 'child_process', 'fs', 'http'];
+/** Node's modules that do I/O (or read the host: os), each as `node:x` and as bare `x`. */
+const NODE_IO = ['net', 'dgram', 'child_process', 'fs', 'fs/promises', 'http', 'https', 'http2', 'os', 'dns', 'dns/promises', 'tls']
+  .flatMap((m) => [`node:${m}`, m]);
 
 export default tseslint.config(
   { ignores: ['dist/**', 'node_modules/**', 'bench/results/**'] },
@@ -82,6 +84,14 @@ export default tseslint.config(
     rules: {
       'no-restricted-globals': ['error', { name: 'setTimeout', message: 'core/ takes its clock by injection' }, { name: 'setInterval', message: 'core/ takes its clock by injection' }],
       'no-restricted-properties': ['error', { object: 'Date', property: 'now', message: 'core/ takes its clock by injection' }, { object: 'Math', property: 'random', message: 'core/ takes its random source by injection' }],
+    },
+  },
+  {
+    // The loop and the unit set take their timers by injection (runner.ts's RunnerTimers), so that
+    // tests drive them: runner.ts's realTimers is the one default, and says so where it does.
+    files: ['src/proxier/**/*.ts'],
+    rules: {
+      'no-restricted-globals': ['error', { name: 'setTimeout', message: 'proxier/ takes its timers by injection (RunnerTimers)' }, { name: 'setInterval', message: 'proxier/ takes its timers by injection (RunnerTimers)' }],
     },
   },
   {

@@ -1,7 +1,15 @@
 import { describe, expect, it } from 'vitest';
-import type { RandomSource } from '../src/core/clock.js';
+import { roundRobinFactory } from '../src/core/balancer/round-robin.js';
+import { systemClock, type RandomSource } from '../src/core/clock.js';
 import { PortAllocator, formatPortRange, parsePortRange } from '../src/core/port-allocator.js';
 import { ProxyError, UsageError } from '../src/core/errors.js';
+import type { ProxyUnit } from '../src/core/units.js';
+import { UdpReceiveBuffers } from '../src/io/net/udp-receive-buffers.js';
+import { silentLogger } from '../src/log.js';
+import { LocalUnitSet } from '../src/proxier/unit-set.js';
+import { proxySocketFactory } from '../src/proxy-sockets.js';
+import type { UnitOpen } from '../src/seams/unit-set.js';
+import { freePort } from './helpers/net.js';
 import { seeded } from './helpers/seeded.js';
 
 /** Replays `values` in turn, repeating the last one. */
@@ -196,5 +204,58 @@ describe('PortAllocator', () => {
     pa.markInUse(p);
     expect(pa.inUse()).toBe(1);
     expect(pa.allocateNext()).toBe(6001);
+  });
+});
+
+describe('PortAllocator quarantine', () => {
+  it('keeps a quarantined port from allocateNext until releaseQuarantined, but lets its own unit claim it again', () => {
+    const pa = new PortAllocator({ base: 7000, size: 1 }, sequence(0));
+    expect(pa.allocateNext()).toBe(7000);
+    pa.quarantine(7000);
+    expect(pa.inUse()).toBe(1);
+    expect(() => pa.allocateNext()).toThrow(/1 of them freed in this sync, free from the next/);
+    expect(pa.claim(7000)).toBe(true);
+    pa.quarantine(7000);
+    pa.releaseQuarantined();
+    expect(pa.inUse()).toBe(0);
+    expect(pa.allocateNext()).toBe(7000);
+    // Released (or marked by another process) meanwhile: the quarantine's end leaves it alone.
+    pa.quarantine(7000);
+    pa.markInUse(7000);
+    pa.releaseQuarantined();
+    expect(pa.inUse()).toBe(1);
+  });
+});
+
+describe('proxy ports of a unit set', () => {
+  const unit = (id: string): ProxyUnit => ({ id, servicePort: id, service: id.split(':')[0] as string, protocol: 'TCP', scope: 'all', portals: [{ kind: 'clusterIP', ip: '10.96.0.10', port: 80 }], endpoints: [], affinity: { type: 'None', timeoutSeconds: 0 } });
+  const open = (id: string): UnitOpen => ({ unit: unit(id), listen: [{ host: '127.0.0.1', port: 0, proxyPort: true, portals: [] }] });
+
+  it("does not hand a port closed in a batch to another unit of the same batch (the portal still points it at the closed one's)", async () => {
+    const port = await freePort('127.0.0.1');
+    const logger = silentLogger();
+    const units = new LocalUnitSet({
+      logger,
+      balancerFactory: roundRobinFactory,
+      socketFactory: proxySocketFactory({ udpIdleTimeoutMs: 1000, maxUdpSessions: 10, reusePort: true, tcpKeepAliveMs: 15_000, tcpIdleTimeoutMs: 0, holdMaxPerServicePort: 10, holdMaxPerNode: 10 }, logger, new UdpReceiveBuffers({ logger })),
+      portAllocator: new PortAllocator({ base: port, size: 1 }, Math.random),
+      clock: systemClock,
+      random: Math.random,
+      bindAddress: '127.0.0.1',
+      sweepIntervalMs: 1000,
+    });
+    try {
+      await units.apply({ close: [], recreate: [], open: [open('default/a:http')], update: [] });
+      expect(units.views()[0]?.proxyPort).toBe(port);
+      const swap = await units.apply({ close: ['default/a:http'], recreate: [], open: [open('default/b:http')], update: [] });
+      expect(swap.listenErrors).toBe(1);
+      expect(units.views()).toEqual([{ unit: unit('default/b:http') }]);
+      // The next batch (the portal was synced after the one before): now it may.
+      const next = await units.apply({ close: [], recreate: [], open: [], update: [] });
+      expect(next.rebound).toBe(1);
+      expect(units.views()[0]?.proxyPort).toBe(port);
+    } finally {
+      await units.shutdown(0);
+    }
   });
 });

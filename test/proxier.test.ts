@@ -215,9 +215,13 @@ describe('--proxy-port-range', () => {
     expect(second?.name).toBe('default/zzz:http');
     expect(second?.proxyPort).toBeNull();
     expect(second?.errors[0]).toMatch(/cannot listen on a proxy port on 0\.0\.0\.0: .*40000-40000/);
-    // The port comes free when its Service goes; the waiting one binds at the next sync.
+    // The port comes free when its Service goes, but not in that sync: the portal still sends web's
+    // traffic there until it is synced after it. The waiting one binds at the sync that follows.
     proxier.cache.deleteService('default', 'web');
     await proxier.syncNow();
+    expect(proxier.status()).toMatchObject([{ name: 'default/zzz:http', proxyPort: null }]);
+    expect(proxier.status()[0]?.errors[0]).toMatch(/1 of them freed in this sync, free from the next/);
+    await waitUntil(() => proxier.status()[0]?.proxyPort === 40000, 'the follow-up sync to bind the freed port');
     expect(proxier.status()).toMatchObject([{ name: 'default/zzz:http', proxyPort: 40000, errors: [] }]);
     await proxier.shutdown(0);
   });

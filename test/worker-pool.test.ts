@@ -1,4 +1,4 @@
-import { connect, type Socket } from 'node:net';
+import { connect, createServer, type AddressInfo, type Socket } from 'node:net';
 import { afterEach, describe, expect, it } from 'vitest';
 import { rendezvousPick } from '../src/core/balancer/shared-order.js';
 import { systemClock } from '../src/core/clock.js';
@@ -7,7 +7,8 @@ import type { ProxyUnit } from '../src/core/units.js';
 import { silentLogger } from '../src/log.js';
 import type { ListenSpec } from '../src/seams/portal.js';
 import type { UnitBatch } from '../src/seams/unit-set.js';
-import { WorkerPool } from '../src/workers/worker-pool.js';
+import type { WorkerLauncher } from '../src/seams/workers.js';
+import { WorkerPool, type WorkerPoolOptions } from '../src/workers/worker-pool.js';
 import { InProcessLauncher } from './helpers/in-process-workers.js';
 import { tcpEchoServer, waitFor } from './helpers/net.js';
 import { withDeadline } from './helpers/proxy-fixtures.js';
@@ -26,8 +27,8 @@ afterEach(async () => {
   for (const c of closers.splice(0)) await c();
 });
 
-async function startPool(launcher: InProcessLauncher, size = 2): Promise<WorkerPool> {
-  const pool = new WorkerPool({ size, launcher, logger: silentLogger(), clock: systemClock, random: Math.random, restartBackoff: { initialMs: 10, maxMs: 10 }, reportIntervalMs: 60_000 });
+async function startPool(launcher: WorkerLauncher, size = 2, over: Partial<WorkerPoolOptions> = {}): Promise<WorkerPool> {
+  const pool = new WorkerPool({ size, launcher, logger: silentLogger(), clock: systemClock, random: Math.random, restartBackoff: { initialMs: 10, maxMs: 10 }, reportIntervalMs: 60_000, ...over });
   pools.push(pool);
   await pool.launch();
   return pool;
@@ -119,6 +120,63 @@ describe('WorkerPool', () => {
     for (const i of [0, 1]) expect(launcher.current(i).units.views().find((v) => v.unit.id === 'default/api:http')?.proxyPort).toBe(apiPort);
   });
 
+  it("a unit whose proxy port the first worker could not bind gets one after that worker's replacement", async () => {
+    // The range's one port is held by a socket without SO_REUSEPORT: no worker can bind it.
+    const blocker = createServer();
+    await new Promise<void>((resolve) => blocker.listen(0, '127.0.0.1', resolve));
+    const port = (blocker.address() as AddressInfo).port;
+    closers.push(() => new Promise<void>((resolve) => blocker.close(() => resolve())));
+    const launcher = new InProcessLauncher({ seed: SEED, proxyPortRange: { base: port, size: 1 } });
+    const pool = await startPool(launcher);
+    const [a] = await backends('a');
+    await pool.apply(batch({ open: [{ unit: unit('default/web:http', [a as Endpoint]), listen: PROXY_PORT_SPEC }] }));
+    expect(pool.views()[0]?.proxyPort).toBeFalsy();
+    const oldPid = pool.figures()[0]?.pid;
+    launcher.current(0).crash();
+    await waitFor(() => pool.figures()[0]?.state === 'ready' && pool.figures()[0]?.pid !== oldPid, 'a replacement worker to serve');
+    await new Promise<void>((resolve) => blocker.close(() => resolve()));
+    // The next sync: the first worker (the replacement) chooses the port, the other binds it too.
+    await pool.apply(batch({}));
+    expect(pool.views()[0]?.proxyPort).toBe(port);
+    for (const i of [0, 1]) expect(launcher.current(i).units.status()[0]?.proxyPort).toBe(port);
+    expect(await whoAnswers(port)).toBe('a');
+  });
+
+  it("does not take a new worker busy with its catch-up for wedged: a sync queued behind it is due after it", async () => {
+    const inner = new InProcessLauncher({ seed: SEED });
+    let launches = 0;
+    // The replacement's first answer (to its catch-up) comes 600 ms late, and so everything after it.
+    const launcher: WorkerLauncher = {
+      launch: (index) => {
+        const h = inner.launch(index);
+        if (++launches <= 2) return h;
+        let held = false;
+        let chain = Promise.resolve();
+        return {
+          pid: h.pid,
+          send: (m) => h.send(m),
+          onExit: (l) => h.onExit(l),
+          kill: (signal) => h.kill(signal),
+          onMessage: (l) => h.onMessage((m) => {
+            const late = m.t === 'applied' && !held;
+            if (late) held = true;
+            chain = chain.then(() => (late ? new Promise((r) => setTimeout(r, 600)) : undefined)).then(() => l(m));
+          }),
+        };
+      },
+    };
+    // A catch-up of 600 units is due in 300 + 600 ms; a sync of nothing new, in 300 ms.
+    const pool = await startPool(launcher, 2, { applyTimeoutMs: 300 });
+    const many = Array.from({ length: 600 }, (_, i) => ({ unit: unit(`default/s${i}:http`, []), listen: [] }));
+    await pool.apply(batch({ open: many }));
+    inner.current(0).crash();
+    await waitFor(() => pool.figures()[0]?.state === 'catching-up', 'the replacement to catch up');
+    await pool.apply(batch({ update: [unit('default/s0:http', [])] }));
+    await waitFor(() => pool.figures()[0]?.state === 'ready', 'the replacement to serve');
+    expect(pool.unresponsive()).toBe(0);
+    expect(pool.restarts()).toBe(1);
+  });
+
   it('relays ClientIP affinity: a client keeps its endpoint on the other worker after the endpoint set grew', async () => {
     const launcher = new InProcessLauncher({ seed: SEED });
     const pool = await startPool(launcher);
@@ -147,6 +205,46 @@ describe('WorkerPool', () => {
     // ...and both workers took some of those connections.
     expect(acceptedBy(launcher, 0)).toBeGreaterThan(accepted[0] as number);
     expect(acceptedBy(launcher, 1)).toBeGreaterThan(accepted[1] as number);
+  });
+
+  it('reads the kernel counters (/proc/net/udp) for a scrape, not for every periodic report', async () => {
+    let reports = 0;
+    let refreshes = 0;
+    const launcher = new InProcessLauncher({
+      seed: SEED,
+      onReceive: (_, m) => {
+        if (m.t === 'report') reports++;
+      },
+      onRefreshCounters: () => {
+        refreshes++;
+      },
+    });
+    const pool = await startPool(launcher, 2, { reportIntervalMs: 10 });
+    await waitFor(() => reports >= 6, 'a few periodic reports');
+    expect(refreshes).toBe(0);
+    await pool.readStats();
+    expect(refreshes).toBe(2);
+  });
+
+  it('/services readers share one status query per worker, until a sync completes', async () => {
+    let asked = 0;
+    const launcher = new InProcessLauncher({
+      seed: SEED,
+      onReceive: (_, m) => {
+        if (m.t === 'status') asked++;
+      },
+    });
+    const pool = await startPool(launcher);
+    const [a] = await backends('a');
+    await pool.apply(batch({ open: [{ unit: unit('default/web:http', [a as Endpoint]), listen: PROXY_PORT_SPEC }] }));
+    await Promise.all(Array.from({ length: 5 }, () => pool.refresh()));
+    expect(asked).toBe(2);
+    await pool.refresh();
+    expect(asked).toBe(2);
+    await pool.apply(batch({ open: [{ unit: unit('default/api:http', [a as Endpoint]), listen: PROXY_PORT_SPEC }] }));
+    await pool.refresh();
+    expect(asked).toBe(4);
+    expect(pool.status().map((s) => s.name)).toEqual(['default/api:http', 'default/web:http']);
   });
 
   it('drains every worker at shutdown and sums what they cut', async () => {

@@ -48,6 +48,36 @@ describe('StatsReporter', () => {
     expect(dropped.removed).toEqual(['kube-system/dns:dns|UDP|all']);
   });
 
+  it('makes good a report the controller did not take in: its values, and a series it dropped', () => {
+    const reporter = new StatsReporter();
+    const node = new NodeStats();
+    const web = new ServicePortStats();
+    const dns = new ServicePortStats();
+    web.accepted = 1;
+    dns.udpDatagrams = 1;
+    const first = reporter.report([{ labels: WEB, stats: web }, { labels: DNS, stats: dns }], 0, 0);
+    node.update(0, first);
+    let acked = first.round;
+    const accepted = (): number | undefined => node.read().series.find((x) => x.labels.servicePort === WEB.servicePort)?.totals.accepted;
+    // A report that came too late: the controller never takes it in, and acknowledges the one before.
+    web.accepted = 5;
+    reporter.report([{ labels: WEB, stats: web }, { labels: DNS, stats: dns }], 0, acked);
+    const next = reporter.report([{ labels: WEB, stats: web }, { labels: DNS, stats: dns }], 0, acked);
+    node.update(0, next);
+    acked = next.round;
+    expect(accepted()).toBe(5);
+    // dns's service port is gone: its final values, then its removal, which is lost.
+    node.update(0, reporter.report([{ labels: WEB, stats: web }], 0, acked));
+    acked += 1;
+    expect(reporter.report([{ labels: WEB, stats: web }], 0, acked).removed).toEqual(['kube-system/dns:dns|UDP|all']);
+    const after = reporter.report([{ labels: WEB, stats: web }], 0, acked);
+    expect(after.removed).toEqual(['kube-system/dns:dns|UDP|all']);
+    node.update(0, after);
+    expect(node.read().series.map((x) => x.labels.servicePort)).toEqual([WEB.servicePort]);
+    // Once acknowledged, nothing is sent again.
+    expect(reporter.report([{ labels: WEB, stats: web }], 0, after.round)).toMatchObject({ series: [], removed: [] });
+  });
+
   it('keeps a series monotonic across its unit\'s recreation, and counts a retired unit until it drains', () => {
     const reporter = new StatsReporter();
     const old = new ServicePortStats();

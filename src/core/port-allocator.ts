@@ -45,6 +45,10 @@ export function formatPortRange(r: PortRange): string {
   return `${r.base}-${r.base + r.size - 1}`;
 }
 
+const FREE = 0;
+const TAKEN = 1;
+const QUARANTINED = 2;
+
 /**
  * Hands out proxy ports (upstream pkg/proxy/userspace/port_allocator.go), synchronously: upstream's
  * goroutine pre-filling a channel only existed to share the allocator across threads.
@@ -53,9 +57,12 @@ export function formatPortRange(r: PortRange): string {
 export class PortAllocator {
   private readonly range: PortRange | undefined;
   private readonly random: RandomSource;
-  /** One byte per port of the range, 1 = taken; at most 64 KiB. */
+  /** One byte per port of the range (FREE, TAKEN or QUARANTINED); at most 64 KiB. */
   private readonly used: Uint8Array;
+  /** Ports not FREE. */
   private count = 0;
+  /** Offsets quarantined since the last releaseQuarantined() (some may have been claimed since). */
+  private quarantined: number[] = [];
 
   constructor(range: PortRange | undefined, random: RandomSource) {
     this.range = range;
@@ -68,9 +75,11 @@ export class PortAllocator {
     if (this.range === undefined) return 0;
     const { base, size } = this.range;
     if (this.count >= size) {
+      const waiting = this.quarantined.filter((i) => this.used[i] === QUARANTINED).length;
+      const after = waiting === 0 ? '' : `; ${waiting} of them freed in this sync, free from the next`;
       throw new ProxyError(
         'PORT_RANGE_EXHAUSTED',
-        `no free port left in proxy port range ${formatPortRange(this.range)} (all ${size} in use)`,
+        `no free port left in proxy port range ${formatPortRange(this.range)} (all ${size} in use${after})`,
       );
     }
     // A random start then a wrapping scan spreads ports out, so a port just released (and maybe
@@ -78,7 +87,7 @@ export class PortAllocator {
     const start = Math.min(size - 1, Math.floor(this.random() * size));
     for (let k = 0; k < size; k++) {
       const i = (start + k) % size;
-      if (this.used[i] === 0) {
+      if (this.used[i] === FREE) {
         this.take(i);
         return base + i;
       }
@@ -88,22 +97,49 @@ export class PortAllocator {
 
   /**
    * Takes `port` if it may be used: without a range any port may (the bind tells whether it is
-   * free); with one, only a free port of the range. For a port wanted again (a restart's).
+   * free); with one, only a free or quarantined port of the range. For a port wanted again by the
+   * unit the portal pointed it at (a restart's, a recreated unit's): quarantine keeps a port from
+   * other units, not from its own.
    */
   claim(port: number): boolean {
     if (this.range === undefined) return Number.isInteger(port) && port >= 1 && port <= MAX_PORT;
     const i = this.offset(port);
-    if (i === undefined || this.used[i] !== 0) return false;
-    this.take(i);
+    if (i === undefined || this.used[i] === TAKEN) return false;
+    if (this.used[i] === QUARANTINED) this.used[i] = TAKEN;
+    else this.take(i);
     return true;
   }
 
   /** Frees `port` for reuse. 0 (kernel-picked) and ports outside the range are ignored. */
   release(port: number): void {
     const i = this.offset(port);
-    if (i === undefined || this.used[i] === 0) return;
-    this.used[i] = 0;
+    if (i === undefined || this.used[i] === FREE) return;
+    this.used[i] = FREE;
     this.count--;
+  }
+
+  /**
+   * Frees `port`, but not before releaseQuarantined(): a closed unit's port, which the portal's
+   * rules (and conntrack entries) still point at until the portal is synced after the batch that
+   * closed it. Handed to another unit of the same batch, it would take that unit's traffic.
+   * Whether it was a port of the range, now quarantined.
+   */
+  quarantine(port: number): boolean {
+    const i = this.offset(port);
+    if (i === undefined || this.used[i] !== TAKEN) return false;
+    this.used[i] = QUARANTINED;
+    this.quarantined.push(i);
+    return true;
+  }
+
+  /** Frees every quarantined port: the portal has been synced since they were quarantined. */
+  releaseQuarantined(): void {
+    for (const i of this.quarantined) {
+      if (this.used[i] !== QUARANTINED) continue;
+      this.used[i] = FREE;
+      this.count--;
+    }
+    this.quarantined = [];
   }
 
   /**
@@ -112,16 +148,18 @@ export class PortAllocator {
    */
   markInUse(port: number): void {
     const i = this.offset(port);
-    if (i !== undefined && this.used[i] === 0) this.take(i);
+    if (i === undefined) return;
+    if (this.used[i] === FREE) this.take(i);
+    else this.used[i] = TAKEN;
   }
 
-  /** Ports of the range taken now, allocated or marked; 0 without a range. */
+  /** Ports of the range taken now, allocated, marked or quarantined; 0 without a range. */
   inUse(): number {
     return this.count;
   }
 
   private take(i: number): void {
-    this.used[i] = 1;
+    this.used[i] = TAKEN;
     this.count++;
   }
 

@@ -5,11 +5,13 @@ import { DIAL_LATENCY_BUCKETS, type ServicePortStats } from './stats.js';
  * The node's counters when the data path runs in worker processes (`--workers`).
  *
  * Each worker follows its own units' counters as StatsLedger does (monotonic per series across a
- * unit's recreation) and reports what changed since its last report, as flat arrays of numbers. The
- * controller keeps every worker's last report and sums them per series at scrape time. A worker
- * that exits (or is killed) is folded into a base that the sums keep: its counters stay in the
- * node's totals, its gauges (connections and sessions open) drop to zero, as its connections
- * did. What it counted after its last report is lost.
+ * unit's recreation) and reports the series that changed since the last report the controller
+ * acknowledged, each with its cumulative values, as flat arrays of numbers: a report that is lost
+ * (it came after the controller stopped waiting) is made good by the next, as a report sent twice
+ * sets the same values twice. The controller keeps every worker's last report and sums them per
+ * series at scrape time. A worker that exits (or is killed) is folded into a base that the sums
+ * keep: its counters stay in the node's totals, its gauges (connections and sessions open) drop
+ * to zero, as its connections did. What it counted after its last report is lost.
  */
 
 /** The flat form of a ServicePortStats: FIELD_COUNT numbers, in the order of flattenStats(). */
@@ -73,8 +75,10 @@ function labelsOf(key: string): SeriesLabels {
   return { servicePort, protocol, scope };
 }
 
-/** One worker's counters: what changed since its previous report. */
+/** One worker's counters: what changed since the last report the controller acknowledged. */
 export interface WorkerReport {
+  /** This report's number (1, 2, ...): the controller acknowledges it in its next request. */
+  round: number;
   /** Series whose totals changed (or are new), by seriesKey(). */
   series: Array<[key: string, totals: FlatStats]>;
   /** Series the worker dropped (their service port gone and drained). */
@@ -128,10 +132,16 @@ export class StatsReporter {
   /** Node-wide totals: every series as last reported, plus what removed ones had counted. */
   private readonly node: FlatStats = zeros();
   private round = 0;
+  /** Series sent (values or removal) in a report not acknowledged yet: the round that last sent each. */
+  private readonly unacked = new Map<string, number>();
 
-  /** `live`: every running unit's stats; `active`: connections and sessions open in the worker. */
-  report(live: Iterable<LiveStats>, active: number): WorkerReport {
+  /**
+   * `live`: every running unit's stats; `active`: connections and sessions open in the worker;
+   * `acked`: the last report the controller received (default: the one before this).
+   */
+  report(live: Iterable<LiveStats>, active: number, acked = this.round): WorkerReport {
     const round = ++this.round;
+    for (const [key, sent] of this.unacked) if (sent <= acked) this.unacked.delete(key);
     const dirty = new Set<string>();
     for (const { labels, stats } of live) {
       let t = this.tracked.get(stats);
@@ -178,7 +188,17 @@ export class StatsReporter {
       state.flat = flat;
       series.push([key, flat]);
     }
-    return { series, removed, node: this.node.slice(), active };
+    // What went out in reports the controller never got, as it stands now.
+    const sent = new Set([...series.map(([key]) => key), ...removed]);
+    for (const key of this.unacked.keys()) {
+      if (sent.has(key)) continue;
+      const state = this.series.get(key);
+      if (state === undefined) removed.push(key);
+      else series.push([key, state.flat]);
+    }
+    for (const [key] of series) this.unacked.set(key, round);
+    for (const key of removed) this.unacked.set(key, round);
+    return { round, series, removed, node: this.node.slice(), active };
   }
 }
 

@@ -365,6 +365,9 @@ export class Proxier implements ProxierEvents {
       for (const e of portalErrors) this.log.error({ portal: this.opts.portal.mode }, e);
       this.portalNeedsSync = portalErrors.length > 0;
     }
+    // Ports this batch freed were held from the units still without one (the portal pointed them
+    // at the closed units until just now): the next sync binds them, soon rather than periodically.
+    if ((applied.proxyPortsHeld ?? 0) > 0 && applied.listenErrors > 0) this.runner.run();
     summary.portalErrors = prepareErrors.length + portalErrors.length;
     summary.services = this.unitsByService.size;
     summary.units = this.unitCount;

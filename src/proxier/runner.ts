@@ -10,8 +10,10 @@ export interface RunnerTimers {
   now(): number;
 }
 
-const realTimers: RunnerTimers = {
+/** The real timers, unref'd: the one place proxier/ reaches for the global ones (lint allows no other). */
+export const realTimers: RunnerTimers = {
   setTimeout: (fn, ms) => {
+    // eslint-disable-next-line no-restricted-globals -- the default the loop's parts are given
     const t = setTimeout(fn, ms);
     t.unref();
     return t;
@@ -21,6 +23,10 @@ const realTimers: RunnerTimers = {
 };
 
 export class BoundedFrequencyRunner {
+  /**
+   * -Infinity: the first run after start is not held back by the minimum interval. Upstream's is
+   * not either: its rate limiter is a token bucket that starts full (burstRuns tokens).
+   */
   private lastRun = -Infinity;
   private lastPeriodicRun = -Infinity;
   private timer: unknown;

@@ -12,6 +12,7 @@ import type { AffinityShare, UnitStickyUpdates } from '../seams/affinity-share.j
 import type { ListenSpec, RunningUnitView } from '../seams/portal.js';
 import type { BoundAddress, ProxySocket } from '../seams/proxy-socket.js';
 import type { UnitBatch, UnitBatchResult, UnitOpen, UnitProxyPort, UnitSet, UnitStats, UnitStatus } from '../seams/unit-set.js';
+import { realTimers, type RunnerTimers } from './runner.js';
 
 /** Builds the sockets of one unit; the composition root wires TCP and UDP proxy sockets here. */
 export type ProxySocketFactory = (unit: ProxyUnit, balancer: LoadBalancer, stats: ServicePortStats) => ProxySocket;
@@ -27,6 +28,8 @@ export interface LocalUnitSetOptions {
   bindAddress: string;
   /** How often the one coarse sweep runs (UDP idle sessions, expired affinity). */
   sweepIntervalMs: number;
+  /** The sweep's and the shutdown grace period's timers (default: the real ones, unref'd). */
+  timers?: RunnerTimers;
   /**
    * Listening sockets this process may hold (core/descriptor-budget.ts): past it a unit's listener
    * is not bound, one clear error for that unit, rather than taking the descriptors every
@@ -71,22 +74,31 @@ export class LocalUnitSet implements UnitSet, AffinityShare {
   /** Sockets closed by an apply whose connections still run: tracked for shutdown. */
   private readonly retired = new Set<ProxySocket>();
   private stopping = false;
-  private sweepTimer: NodeJS.Timeout | undefined;
+  private sweepTimer: unknown;
   private lastSweepAffinity = 0;
   /** Listeners bound and listeners failing now, over every running unit (kept, not counted). */
   private bound = 0;
   private failing = 0;
   /** Proxy ports bound during the apply under way: its result tells the other workers. */
   private boundProxyPorts: UnitProxyPort[] = [];
+  /** Proxy ports the apply under way freed, quarantined until the next. */
+  private heldProxyPorts = 0;
   /** Units whose balancers have sticky entries to share (shared balancing). */
   private readonly stickyNews = new Set<string>();
 
+  private readonly timers: RunnerTimers;
+
   constructor(private readonly opts: LocalUnitSetOptions) {
     this.log = opts.logger.child({ component: 'unit-set' });
+    this.timers = opts.timers ?? realTimers;
   }
 
   async apply(batch: UnitBatch): Promise<UnitBatchResult> {
+    // The portal has been synced after the batch before (the loop syncs it after every batch that
+    // closes a unit): the ports that batch freed point nowhere now.
+    this.opts.portAllocator.releaseQuarantined();
     this.boundProxyPorts = [];
+    this.heldProxyPorts = 0;
     let listenErrors = 0;
     const failedListeners = (id: string): number => this.units.get(id)?.listeners.filter((l) => l.error).length ?? 0;
     for (const id of batch.close) this.closeUnit(id);
@@ -102,11 +114,15 @@ export class LocalUnitSet implements UnitSet, AffinityShare {
     for (const u of batch.update) this.updateUnit(u);
     for (const { id, port } of batch.proxyPorts ?? []) {
       const ru = this.units.get(id);
-      if (ru !== undefined && ru.proxyPort === undefined) ru.fixedProxyPort = port;
+      if (ru === undefined || ru.proxyPort !== undefined) continue;
+      // 0: no worker has one; this one chooses (at the retry below).
+      if (port === 0) delete ru.fixedProxyPort;
+      else ru.fixedProxyPort = port;
     }
     const retried = batch.retryFailedListeners === false ? { failed: 0, bound: 0 } : await this.retryListeners(batch);
     const result: UnitBatchResult = { listenErrors: listenErrors + retried.failed, rebound: retried.bound };
     if (this.boundProxyPorts.length > 0) result.proxyPorts = this.boundProxyPorts;
+    if (this.heldProxyPorts > 0) result.proxyPortsHeld = this.heldProxyPorts;
     this.boundProxyPorts = [];
     return result;
   }
@@ -172,23 +188,27 @@ export class LocalUnitSet implements UnitSet, AffinityShare {
   }
 
   start(): void {
-    if (this.sweepTimer || this.stopping) return;
-    this.sweepTimer = setInterval(() => this.sweep(), this.opts.sweepIntervalMs);
-    this.sweepTimer.unref();
+    if (this.sweepTimer !== undefined || this.stopping) return;
+    // Re-armed first: a sweep that throws does not end the sweeping.
+    const tick = (): void => {
+      this.sweepTimer = this.timers.setTimeout(tick, this.opts.sweepIntervalMs);
+      this.sweep();
+    };
+    this.sweepTimer = this.timers.setTimeout(tick, this.opts.sweepIntervalMs);
   }
 
   async shutdown(graceMs: number): Promise<{ cut: number }> {
     this.stopping = true;
-    if (this.sweepTimer) clearInterval(this.sweepTimer);
+    if (this.sweepTimer !== undefined) this.timers.clearTimeout(this.sweepTimer);
     const sockets = [...[...this.units.values()].map((u) => u.socket), ...this.retired];
     await Promise.allSettled(sockets.map((s) => s.close()));
     const drained = Promise.allSettled(sockets.map((s) => s.drained()));
-    let timer: NodeJS.Timeout | undefined;
+    let timer: unknown;
     const graceOver = new Promise<'grace'>((resolve) => {
-      timer = setTimeout(() => resolve('grace'), graceMs);
+      timer = this.timers.setTimeout(() => resolve('grace'), graceMs);
     });
     const outcome = await Promise.race([drained.then(() => 'drained' as const), graceOver]);
-    clearTimeout(timer);
+    this.timers.clearTimeout(timer);
     let cut = 0;
     if (outcome === 'grace') {
       for (const s of sockets) {
@@ -251,7 +271,8 @@ export class LocalUnitSet implements UnitSet, AffinityShare {
       if (l.bound) this.bound--;
       if (l.error !== undefined) this.failing--;
     }
-    if (ru.proxyPort !== undefined) this.opts.portAllocator.release(ru.proxyPort);
+    // Not to another unit of this batch: the portal still sends this one's traffic there.
+    if (ru.proxyPort !== undefined && this.opts.portAllocator.quarantine(ru.proxyPort)) this.heldProxyPorts++;
     const socket = ru.socket;
     this.retired.add(socket);
     // Closing stops accepting; established TCP connections run on until they end.

@@ -43,7 +43,8 @@ export interface UnitBatch {
   retryFailedListeners?: boolean;
   /**
    * Running units whose proxy port the first worker bound only now (it had failed before): bind
-   * that one (`--workers`).
+   * that one (`--workers`). Port 0, to the worker that binds the proxy ports: none has one yet;
+   * choose one, as for a new unit.
    */
   proxyPorts?: UnitProxyPort[];
 }
@@ -60,6 +61,12 @@ export interface UnitBatchResult {
   rebound: number;
   /** Proxy ports bound in this apply (new units' and rebound ones'): what the other workers bind. */
   proxyPorts?: UnitProxyPort[];
+  /**
+   * Proxy ports of the range this batch freed (closed units'), held from other units until the
+   * next batch (the portal still points them at the closed units): a listener failing for want of
+   * one binds at the next sync, which the loop then asks for.
+   */
+  proxyPortsHeld?: number;
 }
 
 /** What /services reports for a unit. */

@@ -40,14 +40,18 @@ export type ToWorker =
   | { t: 'apply'; id: number; batch: UnitBatch }
   /** Start the coarse sweep (the sync loop has done its first sync). */
   | { t: 'start' }
-  | { t: 'report'; id: number }
+  /**
+   * `ack`: the round of the last report the controller received (0: none from this process).
+   * `kernel`: read the kernel's counters first (UDP receive-buffer drops: /proc/net/udp), for a scrape.
+   */
+  | { t: 'report'; id: number; ack: number; kernel: boolean }
   | { t: 'status'; id: number }
   /** Sticky entries a sibling made or used. */
   | { t: 'sticky'; updates: UnitStickyUpdates[] }
   /** Every live sticky entry, for a new sibling. */
   | { t: 'stickyDump'; id: number }
   /** Stop accepting, drain for up to `graceMs`, cut the rest, report, exit. */
-  | { t: 'shutdown'; id: number; graceMs: number };
+  | { t: 'shutdown'; id: number; graceMs: number; ack: number };
 
 /** Worker to controller. */
 export type FromWorker =

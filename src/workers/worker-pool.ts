@@ -3,7 +3,7 @@ import type { Clock, RandomSource } from '../core/clock.js';
 import { ProxyError } from '../core/errors.js';
 import type { Endpoint } from '../core/model.js';
 import type { Reading } from '../core/stats-ledger.js';
-import { NodeStats } from '../core/worker-stats.js';
+import { NodeStats, type WorkerReport } from '../core/worker-stats.js';
 import type { Logger } from '../seams/logger.js';
 import type { RunningUnitView } from '../seams/portal.js';
 import type { UnitBatch, UnitBatchResult, UnitOpen, UnitProxyPort, UnitSet, UnitStats, UnitStatus } from '../seams/unit-set.js';
@@ -18,8 +18,13 @@ export interface WorkerPoolOptions {
   random: RandomSource;
   /** How often every worker reports its counters: what a worker killed with SIGKILL can lose at most. */
   reportIntervalMs?: number;
-  /** How long a report or status request may go unanswered before the last answer stands in. */
+  /**
+   * How long a report, status or sticky request may go unanswered: a worker that misses it is
+   * wedged (stopped, or spinning), killed and replaced.
+   */
   requestTimeoutMs?: number;
+  /** The floor of an apply's deadline (a share per unit the batch opens is added); missed, the worker is killed and replaced. */
+  applyTimeoutMs?: number;
   /** How long the workers may take to start, and how long a sync waits for a worker to serve. */
   startTimeoutMs?: number;
   /** A worker that ran at least this long before dying is replaced at once; one that died sooner after a backoff. */
@@ -27,9 +32,25 @@ export interface WorkerPoolOptions {
   restartBackoff?: Partial<BackoffOptions>;
 }
 
-/** Reports, status and sticky dumps: cheap requests that must not hang a scrape. */
+/**
+ * Reports, status and sticky dumps: cheap requests, answered at once by a worker whose event loop
+ * turns. One that stays silent this long is wedged (SIGSTOPped, or spinning), not busy: the kernel
+ * still hands it its share of new connections, which hang, so it is killed and replaced.
+ */
 const DEFAULT_REQUEST_TIMEOUT_MS = 5000;
+/**
+ * An apply's deadline: this floor, plus APPLY_MS_PER_UNIT for each unit the batch opens or makes
+ * anew. A wedged worker holds every sync (and so shutdown, which waits for the sync under way) for
+ * this long, so it is short for the common batch (endpoint moves: nothing opened); and a healthy
+ * worker must never miss it, so it grows with the binds a batch asks for: a catch-up of 10,000
+ * units gets 15 s, about 8 times what opening them takes a worker on a quiet core (bench/README.md,
+ * 10,000 ports listening in 1.9 s from the process's start).
+ */
+const DEFAULT_APPLY_TIMEOUT_MS = 5000;
+const APPLY_MS_PER_UNIT = 1;
 const DEFAULT_REPORT_INTERVAL_MS = 1000;
+/** How long a /services answer is reused (when no sync has completed since): its connection counts are that old at most. */
+const STATUS_FRESH_MS = 1000;
 const DEFAULT_START_TIMEOUT_MS = 30_000;
 const DEFAULT_STABLE_MS = 10_000;
 /** After the grace period, how long a worker may take to report and exit before it is killed. */
@@ -42,6 +63,11 @@ interface Slot {
   state: WorkerFigures['state'];
   startedAt: number;
   restarts: number;
+  /** The round of the current process's last report taken in (0: none): acknowledged in the next request. */
+  acked: number;
+  /** When the applies sent to the current process and not answered yet are due, the last one included. */
+  appliesDue: number;
+  appliesPending: number;
   backoff: Backoff;
   restartTimer: NodeJS.Timeout | undefined;
   /** Replies awaited, by request id; resolved with undefined when the process is gone or too slow. */
@@ -96,11 +122,18 @@ export class WorkerPool implements UnitSet {
   private launching: { resolve: () => void; reject: (err: unknown) => void } | undefined;
   private readyWaiters: Array<() => void> = [];
   private reportTimer: NodeJS.Timeout | undefined;
-  private collecting: Promise<void> | undefined;
+  /** The collection under way, of each kind (with the kernel's counters read first, or not): callers share it. */
+  private readonly collecting = new Map<boolean, Promise<void>>();
   private lastStatus: UnitStatus[] = [];
+  /** Applies completed so far: a status asked for before the last one may not show it. */
+  private appliedCount = 0;
+  /** The status query under way, and the last one's answer: when taken, and after which apply. */
+  private statusQuery: { done: Promise<void>; applied: number } | undefined;
+  private statusTaken = { at: -Infinity, applied: -1 };
   private listeners = 0;
   private listenersFailed = 0;
   private restartsTotal = 0;
+  private unresponsiveTotal = 0;
 
   constructor(private readonly opts: WorkerPoolOptions) {
     this.log = opts.logger.child({ component: 'workers' });
@@ -112,6 +145,9 @@ export class WorkerPool implements UnitSet {
         state: 'down',
         startedAt: 0,
         restarts: 0,
+        acked: 0,
+        appliesDue: 0,
+        appliesPending: 0,
         backoff: new Backoff({ initialMs: 1000, maxMs: 30_000, jitter: 0.2, ...opts.restartBackoff }, opts.random),
         restartTimer: undefined,
         pending: new Map(),
@@ -144,20 +180,30 @@ export class WorkerPool implements UnitSet {
       this.launching = undefined;
     }
     this.log.info({ workers: this.opts.size, pids: this.slots.map((s) => s.pid) }, 'worker processes serving');
-    this.reportTimer = setInterval(() => void this.collect(), this.opts.reportIntervalMs ?? DEFAULT_REPORT_INTERVAL_MS);
+    // What a worker killed with SIGKILL loses at most. The kernel's counters (UDP receive-buffer
+    // drops, from /proc/net/udp: a file of every UDP socket on the node) are read at scrapes only.
+    this.reportTimer = setInterval(() => void this.collect(false), this.opts.reportIntervalMs ?? DEFAULT_REPORT_INTERVAL_MS);
     this.reportTimer.unref();
   }
 
   // --- UnitSet ------------------------------------------------------------------------------------
 
   async apply(batch: UnitBatch): Promise<UnitBatchResult> {
+    try {
+      return await this.applyToWorkers(batch);
+    } finally {
+      this.appliedCount++;
+    }
+  }
+
+  private async applyToWorkers(batch: UnitBatch): Promise<UnitBatchResult> {
     if (this.stopping) return { listenErrors: 0, rebound: 0 };
     for (;;) {
       const lead = await this.firstServing();
       const choosing = this.pendingPorts.size > 0 || batch.open.some(needsProxyPort) || batch.recreate.some(needsProxyPort);
       if (!choosing) return this.merge(await this.dispatch(batch, undefined));
-      const first = await this.request(lead, (id) => ({ t: 'apply', id, batch }));
-      // The first worker died before it answered: the next one binds the ports.
+      const first = await this.sendApply(lead, this.forLead(batch));
+      // The first worker died (or was killed, wedged) before it answered: the next one binds the ports.
       if (first === undefined) continue;
       if (first.t !== 'applied') return this.merge([first]);
       const fixed = withProxyPorts(batch, first.result.proxyPorts ?? []);
@@ -179,12 +225,33 @@ export class WorkerPool implements UnitSet {
     return [];
   }
 
-  /** Asks every serving worker for its view of the units: one line per unit, active summed. */
+  /**
+   * Asks every serving worker for its view of the units: one line per unit, active summed. Readers
+   * share one query (every worker walks all its units for it): one under way, or one answered
+   * within STATUS_FRESH_MS, serves when no apply has completed since it was asked.
+   */
   async refresh(): Promise<void> {
+    const applied = this.appliedCount;
+    if (this.statusQuery !== undefined && this.statusQuery.applied === applied) return this.statusQuery.done;
+    if (this.statusTaken.applied === applied && this.opts.clock.now() - this.statusTaken.at < STATUS_FRESH_MS) return;
+    const query = { done: this.queryStatus(applied), applied };
+    this.statusQuery = query;
+    try {
+      await query.done;
+    } finally {
+      if (this.statusQuery === query) this.statusQuery = undefined;
+    }
+  }
+
+  private async queryStatus(applied: number): Promise<void> {
+    const at = this.opts.clock.now();
     const serving = this.slots.filter((s) => s.state === 'ready');
     const answers = await Promise.all(serving.map(async (slot) => ({ slot, reply: await this.request(slot, (id) => ({ t: 'status', id }), this.requestTimeout()) })));
     const got = answers.filter((a): a is { slot: Slot; reply: Extract<FromWorker, { t: 'status' }> } => a.reply?.t === 'status');
+    // A query asked before a later one's apply, answered after it, is older: not taken.
+    if (applied < this.statusTaken.applied) return;
     this.lastStatus = mergeStatus(got.map((a) => ({ worker: a.slot.index, status: a.reply.status })));
+    this.statusTaken = { at, applied };
   }
 
   endpoints(id: string): readonly Endpoint[] | undefined {
@@ -215,12 +282,12 @@ export class WorkerPool implements UnitSet {
     clearInterval(this.reportTimer);
     for (const slot of this.slots) clearTimeout(slot.restartTimer);
     const live = this.slots.filter((s) => s.handle !== undefined);
-    const replies = await Promise.all(live.map(async (slot) => ({ slot, reply: await this.request(slot, (id) => ({ t: 'shutdown', id, graceMs }), graceMs + SHUTDOWN_MARGIN_MS) })));
+    const replies = await Promise.all(live.map(async (slot) => ({ slot, reply: await this.request(slot, (id) => ({ t: 'shutdown', id, graceMs, ack: slot.acked }), graceMs + SHUTDOWN_MARGIN_MS) })));
     let cut = 0;
     for (const { slot, reply } of replies) {
       if (reply?.t === 'shutdown') {
         cut += reply.cut;
-        this.nodeStats.update(slot.index, reply.report);
+        this.takeReport(slot, reply.report);
         continue;
       }
       // Hung (or gone): what it had open is cut with it.
@@ -238,13 +305,13 @@ export class WorkerPool implements UnitSet {
 
   /** Asks every worker for its counters (bounded wait; a silent one counts with its last report), then sums. */
   async readStats(): Promise<PoolReading> {
-    await this.collect();
+    await this.collect(true);
     return { reading: this.nodeStats.read(), running: this.records.size };
   }
 
   /** Asks every worker for its counters: figures() is up to date then. */
   async refreshFigures(): Promise<void> {
-    await this.collect();
+    await this.collect(false);
   }
 
   /** Each worker slot, as of the last reports. */
@@ -273,6 +340,11 @@ export class WorkerPool implements UnitSet {
     return this.restartsTotal;
   }
 
+  /** Workers killed since the start for missing a request's deadline (wedged); each is also a restart. */
+  unresponsive(): number {
+    return this.unresponsiveTotal;
+  }
+
   /** Worker processes serving now. */
   serving(): number {
     return this.slots.filter((s) => s.state === 'ready').length;
@@ -288,6 +360,9 @@ export class WorkerPool implements UnitSet {
     slot.pid = handle.pid;
     slot.state = 'starting';
     slot.startedAt = this.opts.clock.now();
+    slot.acked = 0;
+    slot.appliesDue = 0;
+    slot.appliesPending = 0;
     slot.exited = new Promise<void>((resolve) => {
       slot.markExited = resolve;
     });
@@ -319,8 +394,9 @@ export class WorkerPool implements UnitSet {
   private catchUp(slot: Slot, handle: WorkerHandle): void {
     slot.state = 'catching-up';
     const batch = this.snapshot();
-    void this.request(slot, (id) => ({ t: 'apply', id, batch })).then((reply) => {
-      if (slot.handle !== handle) return;
+    void this.sendApply(slot, batch).then((reply) => {
+      // Gone, or killed for missing the deadline (said then).
+      if (slot.handle !== handle || slot.state === 'down') return;
       if (reply?.t !== 'applied') {
         this.log.error({ worker: slot.index, pid: slot.pid, reason: reply?.t === 'failed' ? reply.message : 'no answer' }, 'a new worker could not apply the running units: replacing it');
         handle.kill('SIGKILL');
@@ -368,25 +444,63 @@ export class WorkerPool implements UnitSet {
     return this.opts.requestTimeoutMs ?? DEFAULT_REQUEST_TIMEOUT_MS;
   }
 
-  /** Resolves with the reply, or undefined when the worker is gone (or `timeoutMs` passed). */
-  private request(slot: Slot, make: (id: number) => ToWorker, timeoutMs?: number): Promise<FromWorker | undefined> {
+  private applyDeadline(batch: UnitBatch): number {
+    return (this.opts.applyTimeoutMs ?? DEFAULT_APPLY_TIMEOUT_MS) + APPLY_MS_PER_UNIT * (batch.open.length + batch.recreate.length);
+  }
+
+  /**
+   * Sends a batch. A worker applies batches in order, so one queued behind another (a sync behind a
+   * new worker's catch-up of every unit) is due its own deadline after the one before it is due:
+   * a worker busy with a long catch-up is not taken for wedged.
+   */
+  private async sendApply(slot: Slot, batch: UnitBatch): Promise<FromWorker | undefined> {
+    const now = this.opts.clock.now();
+    const handle = slot.handle;
+    slot.appliesDue = Math.max(now, slot.appliesDue) + this.applyDeadline(batch);
+    slot.appliesPending++;
+    try {
+      return await this.request(slot, (id) => ({ t: 'apply', id, batch }), slot.appliesDue - now);
+    } finally {
+      // None queued any more: the next is due its own deadline from when it is sent.
+      if (slot.handle === handle && --slot.appliesPending === 0) slot.appliesDue = 0;
+    }
+  }
+
+  /**
+   * Resolves with the reply, or undefined when the worker is gone or `timeoutMs` passed. A worker
+   * that lets the deadline pass is wedged: it is killed (and replaced, as any worker that exits);
+   * during shutdown, shutdown() does that itself.
+   */
+  private request(slot: Slot, make: (id: number) => ToWorker, timeoutMs: number): Promise<FromWorker | undefined> {
     const handle = slot.handle;
     if (handle === undefined) return Promise.resolve(undefined);
     const id = ++this.nextId;
+    const message = make(id);
     return new Promise((resolve) => {
-      let timer: NodeJS.Timeout | undefined;
+      const timer = setTimeout(() => {
+        slot.pending.delete(id);
+        resolve(undefined);
+        if (!this.stopping) this.killUnresponsive(slot, handle, message.t, timeoutMs);
+      }, timeoutMs);
       slot.pending.set(id, (reply) => {
         clearTimeout(timer);
         resolve(reply);
       });
-      if (timeoutMs !== undefined) {
-        timer = setTimeout(() => {
-          slot.pending.delete(id);
-          resolve(undefined);
-        }, timeoutMs);
-      }
-      handle.send(make(id));
+      handle.send(message);
     });
+  }
+
+  /**
+   * A worker that did not answer in time: SIGKILL (it is our child, by its pid), counted and said;
+   * its exit brings the replacement. Marked down at once, so that no sync picks or waits for it
+   * meanwhile.
+   */
+  private killUnresponsive(slot: Slot, handle: WorkerHandle, request: string, deadlineMs: number): void {
+    if (slot.handle !== handle || slot.state === 'down') return;
+    slot.state = 'down';
+    this.unresponsiveTotal++;
+    this.log.error({ worker: slot.index, pid: slot.pid, request, deadlineMs }, 'worker did not answer in time (stopped or stuck): killing it; a replacement follows');
+    handle.kill('SIGKILL');
   }
 
   /** The lowest-numbered serving worker, waiting (bounded) when none serves right now. */
@@ -417,8 +531,8 @@ export class WorkerPool implements UnitSet {
     const waits: Array<Promise<FromWorker | undefined>> = [];
     for (const slot of this.slots) {
       if (slot === except) continue;
-      if (slot.state === 'ready') waits.push(this.request(slot, (id) => ({ t: 'apply', id, batch })));
-      else if (slot.state === 'catching-up') void this.request(slot, (id) => ({ t: 'apply', id, batch }));
+      if (slot.state === 'ready') waits.push(this.sendApply(slot, batch));
+      else if (slot.state === 'catching-up') void this.sendApply(slot, batch);
     }
     const replies = await Promise.all(waits);
     return replies.filter((r): r is FromWorker => r !== undefined);
@@ -434,6 +548,8 @@ export class WorkerPool implements UnitSet {
       // The workers run the same units: errors are mostly the same ones, so the most any had.
       result.listenErrors = Math.max(result.listenErrors, r.result.listenErrors);
       result.rebound += r.result.rebound;
+      const held = Math.max(result.proxyPortsHeld ?? 0, r.result.proxyPortsHeld ?? 0);
+      if (held > 0) result.proxyPortsHeld = held;
       listeners ??= r.listeners;
       listenersFailed ??= r.listenersFailed;
     }
@@ -465,6 +581,18 @@ export class WorkerPool implements UnitSet {
     }
   }
 
+  /**
+   * The batch for the worker that binds the proxy ports: told to choose one for every running unit
+   * still without (port 0), whichever worker failed to bind it before. The worker that failed may
+   * have been replaced since, and a replacement (or a sibling that leads now) was given port 0 as
+   * "none yet": without this, no worker would ever choose.
+   */
+  private forLead(batch: UnitBatch): UnitBatch {
+    const opened = new Set([...batch.open, ...batch.recreate].map((o) => o.unit.id));
+    const choose = [...this.pendingPorts].filter((id) => !opened.has(id)).map((id) => ({ id, port: 0 }));
+    return choose.length === 0 ? batch : { ...batch, proxyPorts: [...(batch.proxyPorts ?? []), ...choose] };
+  }
+
   /** Every running unit, with the proxy port every worker binds. */
   private snapshot(): UnitBatch {
     const open: UnitOpen[] = [];
@@ -472,19 +600,32 @@ export class WorkerPool implements UnitSet {
     return { close: [], recreate: [], open, update: [] };
   }
 
-  /** One report from every worker that serves or catches up; concurrent callers share it. */
-  private collect(): Promise<void> {
-    this.collecting ??= (async () => {
+  /** A report of the slot's current process; one older than what was taken in already is stale. */
+  private takeReport(slot: Slot, report: WorkerReport): void {
+    if (report.round <= slot.acked) return;
+    slot.acked = report.round;
+    this.nodeStats.update(slot.index, report);
+  }
+
+  /**
+   * One report from every worker that serves or catches up; concurrent callers of the same kind
+   * share it. `kernel`: each worker reads the kernel's counters first (for a scrape).
+   */
+  private collect(kernel: boolean): Promise<void> {
+    let under = this.collecting.get(kernel);
+    if (under !== undefined) return under;
+    under = (async () => {
       const live = this.slots.filter((s) => s.state === 'ready' || s.state === 'catching-up');
       await Promise.all(live.map(async (slot) => {
         const handle = slot.handle;
-        const reply = await this.request(slot, (id) => ({ t: 'report', id }), this.requestTimeout());
-        if (reply?.t === 'report' && slot.handle === handle) this.nodeStats.update(slot.index, reply.report);
+        const reply = await this.request(slot, (id) => ({ t: 'report', id, ack: slot.acked, kernel }), this.requestTimeout());
+        if (reply?.t === 'report' && slot.handle === handle) this.takeReport(slot, reply.report);
       }));
     })().finally(() => {
-      this.collecting = undefined;
+      this.collecting.delete(kernel);
     });
-    return this.collecting;
+    this.collecting.set(kernel, under);
+    return under;
   }
 }
 

@@ -9,7 +9,10 @@ export interface WorkerServerOptions {
   /** This worker's units: real sockets bound with SO_REUSEPORT. */
   units: UnitSet & AffinityShare;
   logger: Logger;
-  /** Counters the kernel keeps (UDP receive-buffer drops), brought up to date before each report. */
+  /**
+   * Counters the kernel keeps (UDP receive-buffer drops), brought up to date before a report the
+   * controller asks them for (a scrape's, and the last one at shutdown); the periodic reports skip it.
+   */
   refreshCounters?: () => Promise<void>;
   /** Ends the process once the shutdown reply is out. */
   exit(code: number): void;
@@ -55,8 +58,8 @@ export class WorkerServer {
   private receive(m: ToWorker): void {
     switch (m.t) {
       case 'report':
-        // One at a time, each sent before the next is taken: a report is what changed since the last.
-        this.reports = this.reports.then(() => this.run(m.id, async () => ({ t: 'report', id: m.id, report: await this.report() })));
+        // One at a time, each sent before the next is taken: a report is what changed since the last acknowledged.
+        this.reports = this.reports.then(() => this.run(m.id, async () => ({ t: 'report', id: m.id, report: await this.report(m.ack, m.kernel) })));
         return;
       case 'status':
         this.answer(m.id, async () => ({ t: 'status', id: m.id, status: this.opts.units.status() }));
@@ -83,23 +86,23 @@ export class WorkerServer {
         });
         return;
       case 'shutdown':
-        this.inOrder(m.id, async () => this.shutdown(m.id, m.graceMs));
+        this.inOrder(m.id, async () => this.shutdown(m.id, m.graceMs, m.ack));
         return;
     }
   }
 
-  private async report(): Promise<WorkerReport> {
-    await this.opts.refreshCounters?.();
+  private async report(ack: number, kernel: boolean): Promise<WorkerReport> {
+    if (kernel) await this.opts.refreshCounters?.();
     const live = this.opts.units.stats().map(({ unit, stats }) => ({ labels: { servicePort: unit.servicePort, protocol: unit.protocol, scope: unit.scope }, stats }));
-    return this.reporter.report(live, this.opts.units.activeConnections());
+    return this.reporter.report(live, this.opts.units.activeConnections(), ack);
   }
 
-  private async shutdown(id: number, graceMs: number): Promise<undefined> {
+  private async shutdown(id: number, graceMs: number, ack: number): Promise<undefined> {
     this.stopping = true;
     if (this.stickyTimer !== undefined) clearTimeout(this.stickyTimer);
     const { cut } = await this.opts.units.shutdown(graceMs);
     // The connections have ended: their bytes are counted now, and reported before the process goes.
-    const report = await this.report();
+    const report = await this.report(ack, true);
     this.log.info({ cut }, 'worker drained');
     this.opts.channel.send({ t: 'shutdown', id, cut, report }, () => this.opts.exit(0));
     return undefined;

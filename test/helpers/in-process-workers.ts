@@ -28,7 +28,16 @@ export class InProcessLauncher implements WorkerLauncher {
   readonly launched: InProcessWorker[] = [];
   private nextPid = 900_000;
 
-  constructor(private readonly opts: { seed: number; proxyPortRange?: PortRange; logger?: Logger; maxUdpSessions?: number }) {}
+  constructor(private readonly opts: {
+    seed: number;
+    proxyPortRange?: PortRange;
+    logger?: Logger;
+    maxUdpSessions?: number;
+    /** Each message a worker receives, as it receives it. */
+    onReceive?: (index: number, m: ToWorker) => void;
+    /** Each time a worker brings the kernel's counters up to date (worker-main.ts reads /proc/net/udp then). */
+    onRefreshCounters?: (index: number) => void;
+  }) {}
 
   /** The worker now in `index`'s slot. */
   current(index: number): InProcessWorker {
@@ -77,6 +86,7 @@ export class InProcessLauncher implements WorkerLauncher {
       },
       units,
       logger,
+      refreshCounters: async () => this.opts.onRefreshCounters?.(index),
       exit: (code) => die(code, null),
       stickyFlushMs: 1,
     });
@@ -88,7 +98,9 @@ export class InProcessLauncher implements WorkerLauncher {
         if (worker.dead) return;
         const copy = structuredClone(m);
         setImmediate(() => {
-          if (!worker.dead) for (const l of toWorker) l(copy);
+          if (worker.dead) return;
+          this.opts.onReceive?.(index, copy);
+          for (const l of toWorker) l(copy);
         });
       },
       onMessage: (l) => toController.push(l),

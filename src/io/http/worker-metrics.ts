@@ -7,6 +7,8 @@ export interface WorkerFiguresSource {
   figures(): WorkerFigures[];
   /** Workers replaced since the start. */
   restarts(): number;
+  /** Workers killed for not answering in time (each also a restart). */
+  unresponsive(): number;
   /** Worker processes serving now. */
   serving(): number;
   /** Brings the figures up to date (asks every worker for its counters). */
@@ -21,7 +23,7 @@ export interface WorkerFiguresSource {
 export function attachWorkerFigures(admin: HttpServer, source: WorkerFiguresSource): void {
   admin.route('/workers', async (_req, res) => {
     await source.refreshFigures();
-    sendJson(res, 200, { workers: source.figures(), restarts: source.restarts() });
+    sendJson(res, 200, { workers: source.figures(), restarts: source.restarts(), unresponsive: source.unresponsive() });
   });
 }
 
@@ -43,7 +45,7 @@ const PER_WORKER: readonly Family[] = [
  * (metrics.ts renders them after its own): how many serve, how many were replaced, and a few
  * figures labelled `worker`. Ends with a newline.
  */
-export function renderWorkerMetrics(source: Pick<WorkerFiguresSource, 'figures' | 'restarts' | 'serving'>): string {
+export function renderWorkerMetrics(source: Pick<WorkerFiguresSource, 'figures' | 'restarts' | 'unresponsive' | 'serving'>): string {
   const figures = source.figures();
   const out = [
     '# HELP kube_userspace_proxy_workers Worker processes serving now (--workers)',
@@ -52,6 +54,9 @@ export function renderWorkerMetrics(source: Pick<WorkerFiguresSource, 'figures' 
     '# HELP kube_userspace_proxy_worker_restarts_total Worker processes that exited and were replaced',
     '# TYPE kube_userspace_proxy_worker_restarts_total counter',
     `kube_userspace_proxy_worker_restarts_total ${source.restarts()}`,
+    '# HELP kube_userspace_proxy_worker_unresponsive_total Worker processes killed for not answering the controller in time (stopped or stuck); each is also a restart',
+    '# TYPE kube_userspace_proxy_worker_unresponsive_total counter',
+    `kube_userspace_proxy_worker_unresponsive_total ${source.unresponsive()}`,
   ];
   for (const f of PER_WORKER) {
     out.push(`# HELP ${f.name} ${f.help}`, `# TYPE ${f.name} ${f.type}`);
