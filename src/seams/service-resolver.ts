@@ -11,4 +11,14 @@ export interface ServiceResolver {
    * undefined when no running Service matches.
    */
   resolve(host: string, port: number, protocol: 'TCP' | 'UDP'): { host: string; port: number } | undefined;
+
+  /** As resolve, with the service port's key (`ns/name:portName`, the id of its unit) too. */
+  locate(host: string, port: number, protocol: 'TCP' | 'UDP'): ServiceLocation | undefined;
+}
+
+export interface ServiceLocation {
+  host: string;
+  port: number;
+  /** `ns/name:portName`: the running unit that serves it (core/units.ts). */
+  servicePort: string;
 }
