@@ -1,12 +1,16 @@
 import { execFile } from 'node:child_process';
 import { mkdtemp, rename, rm, writeFile } from 'node:fs/promises';
 import { createServer as createHttpServer, type Server as HttpServer } from 'node:http';
-import { createServer, type Server, type Socket } from 'node:net';
+import { connect, createServer, type Server, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startProxy, type RunningProxy } from '../src/app.js';
 import { buildConfig } from '../src/config.js';
+import { roundRobinFactory } from '../src/core/balancer/round-robin.js';
+import { systemClock } from '../src/core/clock.js';
+import { DirectDialer } from '../src/io/net/direct-dialer.js';
+import { TcpProxySocket } from '../src/io/net/tcp-proxy.js';
 import { silentLogger } from '../src/log.js';
 import type { LocalUnitSet } from '../src/proxier/unit-set.js';
 import { freePort } from './helpers/net.js';
@@ -74,7 +78,7 @@ beforeAll(async () => {
   const slicePort = [{ name: 'http', port: backendPort }];
   const tmp = `${stateFile}.tmp`;
   await writeFile(tmp, list([
-    service({ name: 'web', clusterIP: '10.96.58.10', ports: [port] }),
+    service({ name: 'web', clusterIP: '10.96.58.10', ports: [port, { name: 'dns', port: servicePort, protocol: 'UDP' }] }),
     endpointSlice({ service: 'web', ports: slicePort, endpoints: [{ ip: '127.0.58.1' }, { ip: '127.0.58.2' }] }),
     // 127.0.58.3 has nothing on the backend port: its dials are refused.
     service({ name: 'flaky', clusterIP: '10.96.58.11', ports: [port] }),
@@ -137,5 +141,31 @@ describe('the SOCKS/CONNECT front where the loopback portal cannot listen', () =
     expect(r.code, r.stderr).toBe(0);
     const entries = (proxy.units as LocalUnitSet).stickyEntries().find((e) => e.unit === 'default/sticky:http')?.updates ?? [];
     expect(entries.map((e) => e.clientIP)).toEqual(['127.0.58.9']);
+  });
+
+  it('hands off to running TCP units only', () => {
+    const units = proxy.units as LocalUnitSet;
+    expect(units.tcpHandOff('default/web:http')).toBeInstanceOf(TcpProxySocket);
+    expect(units.tcpHandOff('default/web:dns')).toBeUndefined();
+    expect(units.tcpHandOff('default/nope:http')).toBeUndefined();
+  });
+});
+
+describe('TcpProxySocket.adopt', () => {
+  it('takes no client once closed, and leaves it to the caller', async () => {
+    const socket = new TcpProxySocket({ name: 'default/web:http', balancer: roundRobinFactory({ clock: systemClock, random: Math.random }), dialer: new DirectDialer(), logger: silentLogger() });
+    await socket.close();
+    const server = createServer((s) => s.destroy());
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    const client = connect({ host: '127.0.0.1', port: (server.address() as { port: number }).port });
+    client.on('error', () => undefined);
+    try {
+      expect(socket.adopt(client, 0)).toBe(false);
+      expect(socket.active()).toBe(0);
+      expect(client.listenerCount('data')).toBe(0);
+    } finally {
+      client.destroy();
+      await new Promise((r) => server.close(r));
+    }
   });
 });

@@ -481,7 +481,7 @@ export class TcpConnection {
   /** Close the books once no dial is in flight and every descriptor is gone. */
   private settle(): void {
     if (this.phase === 'dialing' || this.phase === 'closed' || !this.clientClosed || !this.upstreamClosed) return;
-    const { ctx, client, upstream, endpoint } = this;
+    const { ctx, upstream, endpoint } = this;
     if (this.phase === 'holding') ctx.holdEnded(this);
     this.phase = 'closed';
     // Closed without an error from the endpoint: it answered, if only with a FIN.
