@@ -1,6 +1,7 @@
 /**
  * Where a client on this machine reaches a Service port, by name or by ClusterIP: what the DNS
- * responder answers and what the SOCKS/CONNECT front dials. The directory of running Services
+ * responder answers, and what the SOCKS/CONNECT front dials (with --workers) or whose unit it hands
+ * its client to (locate's servicePort, otherwise). The directory of running Services
  * implements it (kept in step with the sync loop's events).
  */
 export interface ServiceResolver {
