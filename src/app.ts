@@ -109,7 +109,7 @@ async function start(config: ProxyConfig, logger: Logger, started: Started): Pro
   // --workers N >= 2: the sockets live in worker processes, launched once the source is found.
   const workers = resolveWorkers(config.workers);
   const pool = workers > 1 ? await createWorkerPool(config, workers, logger) : undefined;
-  const units: UnitSet = pool ?? new LocalUnitSet({
+  const local = pool ? undefined : new LocalUnitSet({
     logger,
     balancerFactory: (deps) => new RoundRobinBalancer({ ...deps, outlier: config.outlier }),
     socketFactory: proxySocketFactory(config, logger, receiveBuffers, (unit) => demand.events?.needPods(unit.servicePort), dialer),
@@ -120,6 +120,7 @@ async function start(config: ProxyConfig, logger: Logger, started: Started): Pro
     sweepIntervalMs: sweepIntervalMs(config),
     maxListeners: budget.maxListeners,
   });
+  const units: UnitSet = pool ?? (local as LocalUnitSet);
   const proxier = new Proxier({
     portal,
     units,
@@ -166,7 +167,7 @@ async function start(config: ProxyConfig, logger: Logger, started: Started): Pro
   started.add(() => admin.close());
   const healthz = await listenOrExplain('--healthz-bind-address', config.healthzBindAddress, () => startHealthServer({ host: config.healthzBindAddress.host, port: config.healthzBindAddress.port, health, logger, probes: metrics }));
   started.add(() => healthz.server.close());
-  const names = await startLocalNames(config, { events: proxier, units, portal, logger }, listenOrExplain);
+  const names = await startLocalNames(config, { events: proxier, units, portal, logger, ...(local ? { handOffs: local } : {}) }, listenOrExplain);
   started.add(() => names.stop());
   await source.start(proxier.sink);
   started.add(() => source.stop());

@@ -9,6 +9,7 @@ import { LoopbackPortal } from './io/portal/loopback-portal.js';
 import type { Logger } from './log.js';
 import type { Portal } from './seams/portal.js';
 import type { ProxierEvents } from './seams/proxier-events.js';
+import type { TcpHandOffs } from './seams/tcp-hand-off.js';
 import type { UnitSet } from './seams/unit-set.js';
 
 /**
@@ -50,7 +51,7 @@ function clientAddresses(portal: Portal): ClientAddresses {
  * hosts file follows it. A failure (an address in use, a hosts file that cannot be written) closes
  * what had started and rejects with one line.
  */
-export async function startLocalNames(config: ProxyConfig, parts: { events: ProxierEvents; units: UnitSet; portal: Portal; logger: Logger }, listenOrExplain: <T>(flag: string, address: { host: string; port: number }, listen: () => Promise<T>) => Promise<T>): Promise<LocalNames> {
+export async function startLocalNames(config: ProxyConfig, parts: { events: ProxierEvents; units: UnitSet; portal: Portal; logger: Logger; handOffs?: TcpHandOffs }, listenOrExplain: <T>(flag: string, address: { host: string; port: number }, listen: () => Promise<T>) => Promise<T>): Promise<LocalNames> {
   const { events, units, portal, logger } = parts;
   const directory = new ServiceDirectory({ domain: config.clusterDomain, units: () => units.views().map((v) => v.unit), clientAddresses: clientAddresses(portal) });
   const hostsFile = config.hostsFile === undefined ? undefined : new HostsFile({ path: config.hostsFile, logger });
@@ -79,7 +80,9 @@ export async function startLocalNames(config: ProxyConfig, parts: { events: Prox
   let frontBound: { host: string; port: number } | undefined;
   if (config.socksBindAddress !== undefined) {
     const { FrontServer } = await import('./io/front/front-server.js');
-    const server = new FrontServer({ resolver: directory, domain: config.clusterDomain, logger });
+    // The units in this process (no --workers): the front hands its clients to their TCP proxy
+    // sockets, and needs none of their listeners (macOS without root binds no 127.96.x.y).
+    const server = new FrontServer({ resolver: directory, domain: config.clusterDomain, logger, ...(parts.handOffs ? { handOffs: parts.handOffs } : {}) });
     const address = config.socksBindAddress;
     try {
       frontBound = await listenOrExplain('--socks-bind-address', address, () => server.listen(address.host, address.port));

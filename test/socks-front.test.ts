@@ -18,8 +18,9 @@ import { withDeadline } from './helpers/proxy-fixtures.js';
 
 /**
  * The SOCKS5 / HTTP CONNECT front end to end, with the real curl: a state file -> the sync loop ->
- * the directory -> the front -> the Service's loopback address -> the balancer -> loopback
- * backends. By name and by ClusterIP, through `--socks5-hostname`, `-x socks5h://` and `-p -x
+ * the directory -> the front -> the Service port's proxy socket (handed the client; with
+ * --workers, the front connects to the Service's loopback address instead) -> the balancer ->
+ * loopback backends. By name and by ClusterIP, through `--socks5-hostname`, `-x socks5h://` and `-p -x
  * http://` (CONNECT); refusals with each protocol's code; an endpoint moved live; 1 MiB
  * byte-identical both ways; a slow handshake cut. Then the CLI as a black box: its flag, its
  * config field and the lines it prints. The byte-level handshake is in front-handshake.test.ts.
@@ -211,12 +212,20 @@ describe('the SOCKS/CONNECT front, in-process', () => {
     let server: FrontServer;
     let port: number;
 
+    // No handOffs: the front of a proxy with --workers, whose units live in other processes.
     beforeAll(async () => {
       server = new FrontServer({ resolver: proxy.names.directory, domain: 'cluster.local', logger: silentLogger(), handshakeTimeoutMs: 300, maxHeaderBytes: 1024, maxConnections: 3 });
       port = (await server.listen('127.0.0.1', 0)).port;
     });
 
     afterAll(() => server.close());
+
+    it('without the unit set at hand (as with --workers), connects to the Service\'s loopback address', async () => {
+      const before = proxy.units.stats().find((u) => u.unit.id === 'default/web:http')!.stats.accepted;
+      expect(await curl(['--socks5-hostname', `127.0.0.1:${port}`, `http://web.default:${webPort}/w`])).toMatchObject({ code: 0, stdout: 'a /w\n' });
+      // Accepted by the port's listener, as any local client is.
+      expect(proxy.units.stats().find((u) => u.unit.id === 'default/web:http')!.stats.accepted).toBe(before + 1);
+    });
 
     it('closes a client that sends nothing, and one that trickles its head', async () => {
       const idle = connect({ host: '127.0.0.1', port });

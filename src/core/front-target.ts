@@ -15,22 +15,26 @@ import { SOCKS_REPLY, canonicalIP, httpReply, socksReply, type FrontRequest } fr
  *                running Service with that TCP port. SOCKS5 0x04 "host unreachable", HTTP 404.
  *                A two-label name is read as `svc.ns` (it has the shape of `example.org` too), so
  *                an unknown one is "unknown" rather than "outside".
- *   unavailable  the dial to where the proxy serves it failed (the Service went away between the
- *                lookup and the dial). SOCKS5 0x05 "connection refused", HTTP 502.
+ *   unavailable  the dial to where the proxy serves it failed, or its unit no longer takes
+ *                connections (the Service went away between the lookup and the dial, or the
+ *                proxy is shutting down). SOCKS5 0x05 "connection refused", HTTP 502.
  */
 
-/** The ServiceResolver's lookup (seams/service-resolver.ts), as a function. */
-export type ResolveServicePort = (host: string, port: number, protocol: 'TCP' | 'UDP') => { host: string; port: number } | undefined;
+/**
+ * The ServiceResolver's lookup (seams/service-resolver.ts), as a function; `servicePort` names the
+ * unit that serves it, for a front that hands its clients to the unit directly.
+ */
+export type ResolveServicePort = (host: string, port: number, protocol: 'TCP' | 'UDP') => { host: string; port: number; servicePort?: string } | undefined;
 
 export type FrontRefusal = 'outside' | 'unknown' | 'unavailable';
 
-export type FrontTarget = { kind: 'dial'; host: string; port: number } | { kind: 'refuse'; why: FrontRefusal };
+export type FrontTarget = { kind: 'dial'; host: string; port: number; servicePort?: string } | { kind: 'refuse'; why: FrontRefusal };
 
 export function frontTarget(request: FrontRequest, resolve: ResolveServicePort, domain: string): FrontTarget {
   const isAddress = ipFamily(request.host) !== undefined;
   const host = isAddress ? canonicalIP(request.host) : normalizeName(request.host);
   const at = resolve(host, request.port, 'TCP');
-  if (at !== undefined) return { kind: 'dial', host: at.host, port: at.port };
+  if (at !== undefined) return at.servicePort === undefined ? { kind: 'dial', host: at.host, port: at.port } : { kind: 'dial', host: at.host, port: at.port, servicePort: at.servicePort };
   if (!isAddress && parseClusterName(host, domain).kind === 'outside') return { kind: 'refuse', why: 'outside' };
   return { kind: 'refuse', why: 'unknown' };
 }

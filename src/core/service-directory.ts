@@ -104,6 +104,12 @@ export class ServiceDirectory {
    * or its client address; answers where to connect for that port, or undefined.
    */
   resolve(host: string, port: number, protocol: 'TCP' | 'UDP'): { host: string; port: number } | undefined {
+    const at = this.locate(host, port, protocol);
+    return at === undefined ? undefined : { host: at.host, port: at.port };
+  }
+
+  /** As resolve, with the service port's key (`ns/name:portName`: its unit's id) too. */
+  locate(host: string, port: number, protocol: 'TCP' | 'UDP'): { host: string; port: number; servicePort: string } | undefined {
     this.refresh();
     const family = ipFamily(host);
     let entry: DirectoryEntry | undefined;
@@ -112,11 +118,13 @@ export class ServiceDirectory {
       const n = parseClusterName(normalizeName(host), this.domain);
       if (n.kind === 'service') entry = this.byService.get(`${n.namespace}/${n.name}`);
     }
-    if (entry === undefined || !entry.ports.some((p) => p.port === port && p.protocol === protocol)) return undefined;
+    const p = entry?.ports.find((p) => p.port === port && p.protocol === protocol);
+    if (entry === undefined || p === undefined) return undefined;
     // An address the client named is kept when it is one of the Service's client addresses
     // (ClusterIPs under the node-level portals); otherwise the first, IPv4 by preference.
     const at = family !== undefined && entry.addresses.includes(host) ? host : entry.addresses.find((a) => ipFamily(a) === family) ?? entry.addresses[0];
-    return at === undefined ? undefined : { host: at, port };
+    // The unit's servicePort, as refresh() split it into namespace, name and port name.
+    return at === undefined ? undefined : { host: at, port, servicePort: `${entry.namespace}/${entry.name}:${p.name}` };
   }
 
   /** The lines of a hosts file: `address fqdn svc.ns.svc svc.ns`, one per client address. */

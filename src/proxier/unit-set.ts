@@ -11,6 +11,7 @@ import type { Logger } from '../seams/logger.js';
 import type { AffinityShare, UnitStickyUpdates } from '../seams/affinity-share.js';
 import type { ListenSpec, RunningUnitView } from '../seams/portal.js';
 import type { BoundAddress, ProxySocket } from '../seams/proxy-socket.js';
+import type { TcpHandOff, TcpHandOffs } from '../seams/tcp-hand-off.js';
 import type { UnitBatch, UnitBatchResult, UnitOpen, UnitProxyPort, UnitSet, UnitStats, UnitStatus } from '../seams/unit-set.js';
 import { realTimers, type RunnerTimers } from './runner.js';
 
@@ -68,7 +69,7 @@ interface RunningUnit {
  * apply; the unit's other listeners serve meanwhile. Closed units' sockets stop accepting at once,
  * and their connections run on until they end ("retired").
  */
-export class LocalUnitSet implements UnitSet, AffinityShare {
+export class LocalUnitSet implements UnitSet, AffinityShare, TcpHandOffs {
   private readonly log: Logger;
   private readonly units = new Map<string, RunningUnit>();
   /** Sockets closed by an apply whose connections still run: tracked for shutdown. */
@@ -166,6 +167,16 @@ export class LocalUnitSet implements UnitSet, AffinityShare {
       if (updates.length > 0) out.push({ unit: ru.unit.id, updates });
     }
     return out;
+  }
+
+  /**
+   * TcpHandOffs: the running unit's TCP proxy socket, whether or not its listeners are bound (a
+   * unit whose every listener failed runs on, its errors in /services, and is served this way).
+   */
+  tcpHandOff(id: string): TcpHandOff | undefined {
+    if (this.stopping) return undefined;
+    const socket = this.units.get(id)?.socket;
+    return socket !== undefined && socket.protocol === 'TCP' && isHandOff(socket) ? socket : undefined;
   }
 
   endpoints(id: string): readonly Endpoint[] | undefined {
@@ -389,6 +400,11 @@ export class LocalUnitSet implements UnitSet, AffinityShare {
     // Closed units' connections run on until they end: --tcp-idle-timeout applies to them too.
     for (const socket of this.retired) socket.sweep(now);
   }
+}
+
+/** The socket factory's TCP sockets take hand-offs (io/net/tcp-proxy.ts); a test's fake may not. */
+function isHandOff(socket: ProxySocket): socket is ProxySocket & TcpHandOff {
+  return typeof (socket as Partial<TcpHandOff>).adopt === 'function';
 }
 
 function unitStatus(ru: RunningUnit): UnitStatus {

@@ -4,21 +4,27 @@ import { FrontHandshake, type FrontRequest, type HandshakeStep } from '../../cor
 import { connectedReply, frontTarget, refusalReply } from '../../core/front-target.js';
 import type { Logger } from '../../seams/logger.js';
 import type { ServiceResolver } from '../../seams/service-resolver.js';
+import type { TcpHandOffs } from '../../seams/tcp-hand-off.js';
 
 /**
  * The SOCKS5 and HTTP CONNECT front (`--socks-bind-address`): one TCP port where a client names a
  * Service (`svc.ns.svc.<domain>`, `svc.ns.svc`, `svc.ns`, or a ClusterIP) and a port, and gets a
  * byte stream to it. The way in where 127/8 aliases or DNS settings are not to be had.
  *
- * It does not pick an endpoint itself: it connects to where this proxy serves that Service port
- * here (the resolver's answer: the Service's loopback address under the loopback portal, its
- * ClusterIP under the others), so the connection takes the same path as one made to that address
- * directly: balancer, session affinity, retries on the next endpoint, the dialer (direct or
- * port-forward), hold-when-empty, passive health and metrics. With --workers, the units live in
- * other processes, which a local connection reaches and a call into a balancer could not. The cost:
- * ClientIP affinity sees the front's own address (127.0.0.1) as every front client's, and the
- * tunnel opens as soon as the proxy accepts, before an endpoint is dialed: a Service whose
- * endpoints all fail reads as an opened tunnel that is reset, as a direct connection is.
+ * It does not pick an endpoint itself. When the units live in this process (`handOffs`: no
+ * --workers), it hands the client socket to the Service port's own TCP proxy socket once the
+ * tunnel is open (seams/tcp-hand-off.ts), so the connection is one of that port's: balancer,
+ * session affinity on the client's own address, retries on the next endpoint, the dialer (direct
+ * or port-forward), hold-when-empty, passive health and the port's metrics, and no listener of the
+ * port is needed: on macOS without root, where the loopback portal's 127.96.x.y addresses cannot
+ * be bound, the front still reaches every Service. With --workers, the units live in other
+ * processes, which only a connection to where the proxy serves the port (the resolver's answer:
+ * the Service's loopback address under the loopback portal, its ClusterIP under the others)
+ * reaches; ClientIP affinity then sees the front's own address (127.0.0.1) as every front client's.
+ *
+ * Either way the tunnel opens before an endpoint answers (at the hand-off, or as soon as the proxy
+ * accepts the local connection): a Service whose endpoints all fail reads as an opened tunnel that
+ * is reset, as a direct connection to the Service is.
  *
  * Bounds: the handshake (up to the tunnel's opening) gets `handshakeTimeoutMs` in all, however the
  * bytes trickle in (a client that sends one byte a second is still cut); a request head is at most
@@ -28,6 +34,8 @@ import type { ServiceResolver } from '../../seams/service-resolver.js';
 
 export interface FrontServerOptions {
   resolver: ServiceResolver;
+  /** The unit set of this process, whose TCP proxy sockets take the clients; absent with --workers. */
+  handOffs?: TcpHandOffs;
   /** `--cluster-domain`: which names are the cluster's (the others are refused as outside). */
   domain: string;
   logger: Logger;
@@ -91,7 +99,10 @@ export class FrontServer {
 
   private accept(client: Socket): void {
     this.track(client);
-    client.on('error', () => client.destroy());
+    const onError = (): void => {
+      client.destroy();
+    };
+    client.on('error', onError);
     const handshake = new FrontHandshake(this.opts.maxHeaderBytes === undefined ? {} : { maxHeaderBytes: this.opts.maxHeaderBytes });
     // One deadline for the whole handshake, not an idle timer: trickling bytes does not extend it.
     const deadline = setTimeout(() => {
@@ -121,21 +132,30 @@ export class FrontServer {
         refuse(client);
         return;
       }
-      this.open(client, step.request, step.rest, deadline);
+      this.open(client, step.request, step.rest, deadline, () => {
+        client.off('error', onError);
+        client.off('end', onEnd);
+      });
     };
     client.on('data', onData);
     // A client that closes its side mid-handshake has nothing more to ask.
-    client.on('end', () => {
+    const onEnd = (): void => {
       if (handshaking) client.destroy();
-    });
+    };
+    client.on('end', onEnd);
   }
 
-  private open(client: Socket, request: FrontRequest, rest: Buffer, deadline: NodeJS.Timeout): void {
-    const { domain } = this.opts;
-    const target = frontTarget(request, (h, p, proto) => this.opts.resolver.resolve(h, p, proto), domain);
+  /** `release` takes the front's own listeners off the client, for a hand-off. */
+  private open(client: Socket, request: FrontRequest, rest: Buffer, deadline: NodeJS.Timeout, release: () => void): void {
+    const { domain, handOffs } = this.opts;
+    const target = frontTarget(request, (h, p, proto) => (handOffs === undefined ? this.opts.resolver.resolve(h, p, proto) : this.opts.resolver.locate(h, p, proto)), domain);
     if (target.kind === 'refuse') {
       this.debug(client, `refused (${target.why})`, request);
       refuse(client, refusalReply(request, target.why, domain));
+      return;
+    }
+    if (handOffs !== undefined && target.servicePort !== undefined) {
+      this.handOff(client, request, rest, deadline, release, handOffs, { host: target.host, port: target.port, servicePort: target.servicePort });
       return;
     }
     const upstream = connect({ host: target.host, port: target.port, allowHalfOpen: true });
@@ -159,6 +179,29 @@ export class FrontServer {
       if (rest.length > 0) upstream.write(rest);
       this.relay(client, upstream);
     });
+  }
+
+  /**
+   * The tunnel opens now, and the client becomes a connection of the Service port's own proxy
+   * socket. The bytes the client sent after its request are put back in front of the stream, so
+   * the endpoint reads them first; the reply's bytes are the front's, not the endpoint's (the
+   * proxy socket may still retry another endpoint after them).
+   */
+  private handOff(client: Socket, request: FrontRequest, rest: Buffer, deadline: NodeJS.Timeout, release: () => void, handOffs: TcpHandOffs, target: { host: string; port: number; servicePort: string }): void {
+    const to = handOffs.tcpHandOff(target.servicePort);
+    if (to === undefined) {
+      // Gone between the lookup and now, or the proxy is shutting down.
+      this.debug(client, `refused (unavailable: ${target.servicePort} takes no connections)`, request);
+      refuse(client, refusalReply(request, 'unavailable', this.opts.domain));
+      return;
+    }
+    clearTimeout(deadline);
+    release();
+    // The Service's address stands for where the tunnel leads; no socket of ours is bound to it.
+    client.write(connectedReply(request, { host: target.host, port: target.port }));
+    if (rest.length > 0) client.unshift(rest);
+    if (!to.adopt(client, client.bytesWritten)) client.destroy();
+    else this.debug(client, `handed to ${target.servicePort}`, request);
   }
 
   /**

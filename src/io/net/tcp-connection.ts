@@ -103,10 +103,21 @@ export class TcpConnection {
   private idleSinceMs = 0;
   private onread: OnReadOpts | undefined;
 
+  /**
+   * @param writtenBefore bytes written to the client before this connection took it over (a
+   * handed-off client's SOCKS or CONNECT reply, seams/tcp-hand-off.ts): not the endpoint's, so
+   * they neither stop a retry nor count in the port's bytes to clients.
+   */
   constructor(
     private readonly ctx: TcpConnectionContext,
     private readonly client: Socket,
+    private readonly writtenBefore = 0,
   ) {}
+
+  /** Bytes the endpoints' side wrote to the client (queued ones included). */
+  private get toClient(): number {
+    return this.client.bytesWritten - this.writtenBefore;
+  }
 
   /**
    * Start at accept. The first pick is synchronous, so a port without endpoints resets the client
@@ -257,7 +268,7 @@ export class TcpConnection {
    * follow them in one stream.
    */
   private mayRetry(err: unknown): boolean {
-    return this.attempt + 1 < this.ctx.dialTimeoutsMs.length && !isOutOfDescriptors(err) && !this.client.destroyed && this.client.bytesWritten === 0;
+    return this.attempt + 1 < this.ctx.dialTimeoutsMs.length && !isOutOfDescriptors(err) && !this.client.destroyed && this.toClient === 0;
   }
 
   /**
@@ -421,7 +432,7 @@ export class TcpConnection {
     if (upstream !== this.upstream) return;
     // Nothing reached the client either way: a failed dial after all (dialFailed decides whether
     // another endpoint is tried).
-    if (isEarlyFailure(err) && this.phase === 'relaying' && !this.endpointFinPassed && !this.client.destroyed && this.client.bytesWritten === 0) {
+    if (isEarlyFailure(err) && this.phase === 'relaying' && !this.endpointFinPassed && !this.client.destroyed && this.toClient === 0) {
       this.guard(() => this.redial(upstream, err));
       return;
     }
@@ -470,17 +481,17 @@ export class TcpConnection {
   /** Close the books once no dial is in flight and every descriptor is gone. */
   private settle(): void {
     if (this.phase === 'dialing' || this.phase === 'closed' || !this.clientClosed || !this.upstreamClosed) return;
-    const { ctx, client, upstream, endpoint } = this;
+    const { ctx, upstream, endpoint } = this;
     if (this.phase === 'holding') ctx.holdEnded(this);
     this.phase = 'closed';
     // Closed without an error from the endpoint: it answered, if only with a FIN.
     if (this.unproven) this.proven();
-    ctx.stats.bytesToClient += client.bytesWritten;
+    ctx.stats.bytesToClient += this.toClient;
     if (upstream) ctx.stats.bytesToEndpoint += upstream.bytesWritten;
     if (endpoint) ctx.balancer.release(endpoint);
     if (ctx.debugEnabled()) {
       const halfClosed = { byClient: this.clientFinPassed, byEndpoint: this.endpointFinPassed };
-      ctx.log().debug({ client: this.clientIP, endpoint: endpoint?.addr, toEndpoint: upstream?.bytesWritten, toClient: client.bytesWritten, fin: halfClosed }, 'connection closed');
+      ctx.log().debug({ client: this.clientIP, endpoint: endpoint?.addr, toEndpoint: upstream?.bytesWritten, toClient: this.toClient, fin: halfClosed }, 'connection closed');
     }
     ctx.released(this);
   }

@@ -8,6 +8,7 @@ import { isOutOfDescriptors } from './errno.js';
 import { listenBacklog } from './listen-backlog.js';
 import { hostPort } from '../../core/address.js';
 import type { BoundAddress, ListenAddress, ProxySocket } from '../../seams/proxy-socket.js';
+import type { TcpHandOff } from '../../seams/tcp-hand-off.js';
 import { systemClock } from '../../core/clock.js';
 import { RateLimiter } from '../../core/rate-limiter.js';
 import { TcpConnection, type TcpConnectionContext } from './tcp-connection.js';
@@ -56,7 +57,7 @@ export interface TcpProxySocketOptions {
  * balancer, dialer and stats, and the connections they accepted. Each connection is a
  * TcpConnection, which follows its client from accept() to the endpoint and to the end.
  */
-export class TcpProxySocket implements ProxySocket {
+export class TcpProxySocket implements ProxySocket, TcpHandOff {
   readonly protocol = 'TCP' as const;
   readonly stats: ServicePortStats;
   private readonly parentLog: Logger;
@@ -78,6 +79,8 @@ export class TcpProxySocket implements ProxySocket {
   private drainWaiters: (() => void)[] = [];
   private readonly fdWarnings = new RateLimiter(1000, systemClock.now);
   private readonly reusePort: boolean;
+  /** close() was called: no listener accepts, and no hand-off is taken. */
+  private closed = false;
 
   constructor(opts: TcpProxySocketOptions) {
     this.reusePort = opts.reusePort ?? false;
@@ -170,6 +173,7 @@ export class TcpProxySocket implements ProxySocket {
    * endpoint will reach them.
    */
   async close(): Promise<void> {
+    this.closed = true;
     for (const bound of this.addresses()) await this.unlisten(bound);
     for (const conn of this.held) {
       this.holdEnded(conn);
@@ -207,10 +211,22 @@ export class TcpProxySocket implements ProxySocket {
     for (const conn of this.conns) conn.sweepIdle(nowMs, this.idleTimeoutMs);
   }
 
-  private accept(client: Socket): void {
+  /**
+   * TcpHandOff: a client accepted by the SOCKS/CONNECT front, taken as a listener's would be. Its
+   * listener's options are set here instead (keepalive, no Nagle), since no listener of ours made it.
+   */
+  adopt(client: Socket, written: number): boolean {
+    if (this.closed) return false;
+    client.setNoDelay(true);
+    if (this.keepAliveMs > 0) client.setKeepAlive(true, Math.max(1, Math.floor(this.keepAliveMs / 1000)) * 1000);
+    this.accept(client, written);
+    return true;
+  }
+
+  private accept(client: Socket, written = 0): void {
     this.stats.accepted++;
     this.stats.active++;
-    const conn = new TcpConnection(this.ctx, client);
+    const conn = new TcpConnection(this.ctx, client, written);
     this.conns.add(conn);
     conn.start();
   }
