@@ -94,7 +94,11 @@ for (const transport of ['websocket', 'spdy'] as const) {
       expect(s.api.portForward.counters.forwards).toBe(100);
       expect(s.dialer.tunnelCount()).toBe(1);
       await drained(s.proxy);
-      expect(s.proxy.stats).toMatchObject({ accepted: 100, dialAttempts: 100, dialExhausted: 0, active: 0 });
+      // One attempt each, but on a loaded machine a stream may miss its dial deadline and be tried
+      // again (the retry is the behaviour under test elsewhere): none may fail for good.
+      expect(s.proxy.stats).toMatchObject({ accepted: 100, dialExhausted: 0, active: 0 });
+      expect(s.proxy.stats.dialAttempts).toBeGreaterThanOrEqual(100);
+      expect(s.proxy.stats.dialAttempts).toBeLessThanOrEqual(105);
     });
 
     it('carries 10 MiB each way at once, byte-identical, on two connections', async () => {
