@@ -57,6 +57,7 @@ export function buildProgram(capture: { out: string; err: string }): Command {
     .option('--dns-bind-address <host:port>', 'answer DNS for Service names (svc.ns.svc.<cluster domain>, svc.ns) on this address, UDP and TCP (default: off)')
     .option('--cluster-domain <domain>', `the domain Service names end in (default: ${DEFAULTS.clusterDomain})`)
     .option('--hosts-file <file>', 'keep a block of Service names in this hosts-format file (e.g. /etc/hosts, as root); removed on exit and by --cleanup')
+    .option('--handover-socket <file>', 'a unix socket through which a starting proxy takes over from the running one without closing a port; established connections drain on the old process for --shutdown-grace-period (see docs/handover.md)')
     .option('--outlier-consecutive-failures <n>', `passive health: set an endpoint aside after this many failed dials in a row (refused, timed out, reset before any byte); 0 turns it off (default: ${DEFAULTS.outlierConsecutiveFailures})`)
     .option('--outlier-base-ejection-time <duration>', `passive health: how long an endpoint is first set aside; doubled on each repeat (default: ${DEFAULTS.outlierBaseEjectionTime})`)
     .option('--outlier-max-ejection-time <duration>', `passive health: the longest an endpoint is set aside (default: ${DEFAULTS.outlierMaxEjectionTime})`)
@@ -74,7 +75,7 @@ const STRING_OPTIONS = [
   'config', 'writeConfigTo', 'state', 'portal', 'kubeconfig', 'master', 'hostnameOverride', 'bindAddress',
   'proxyPortRange', 'udpTimeout', 'maxUdpSessions', 'tcpKeepalive', 'tcpIdleTimeout', 'workers', 'metricsBindAddress', 'healthzBindAddress',
   'iptablesSyncPeriod', 'iptablesMinSyncPeriod', 'nodeportAddresses', 'serviceClusterIpRange',
-  'shutdownGracePeriod', 'configSyncPeriod', 'logLevel', 'dnsBindAddress', 'clusterDomain', 'hostsFile', 'dialer',
+  'shutdownGracePeriod', 'configSyncPeriod', 'logLevel', 'dnsBindAddress', 'clusterDomain', 'hostsFile', 'handoverSocket', 'dialer',
   'outlierConsecutiveFailures', 'outlierBaseEjectionTime', 'outlierMaxEjectionTime', 'outlierMaxEjectionPercent',
   'holdMaxPerServicePort', 'holdMaxPerNode',
 ] as const satisfies ReadonlyArray<keyof RawOptions>;

@@ -204,6 +204,7 @@ const SCHEMA: Schema = {
       dnsBindAddress: hostPortOption('dnsBindAddress', 53),
       clusterDomain: stringOption('clusterDomain', (v, at) => parseClusterDomain(v, at)),
       hostsFile: stringOption('hostsFile'),
+      handoverSocket: stringOption('handoverSocket'),
       outlierDetection: {
         type: {
           consecutiveFailures: countOption('outlierConsecutiveFailures'),
@@ -437,6 +438,7 @@ export function toKubeProxyConfiguration(config: ProxyConfig): Record<string, un
       dnsBindAddress: config.dnsBindAddress ? hostPort(config.dnsBindAddress) : '',
       clusterDomain: config.clusterDomain,
       hostsFile: config.hostsFile ?? '',
+      handoverSocket: config.handoverSocket ?? '',
       outlierDetection: {
         consecutiveFailures: config.outlier.consecutiveFailures,
         baseEjectionTime: formatDuration(config.outlier.baseEjectionMs),

@@ -27,8 +27,11 @@ export interface LocalNames {
   dnsAddress?: string;
   /** The lines a user needs to use the names (printed at start). */
   hints(): string[];
-  /** Stops answering and takes the hosts-file block out (a failure there is logged). */
-  stop(): Promise<void>;
+  /**
+   * Stops answering and takes the hosts-file block out (a failure there is logged); with
+   * `keepHostsBlock` (a hand-over: the successor keeps it) the block stays.
+   */
+  stop(opts?: { keepHostsBlock?: boolean }): Promise<void>;
 }
 
 /** Where a client here connects: the loopback portal's address for the Service, else its ClusterIPs. */
@@ -64,7 +67,7 @@ export async function startLocalNames(config: ProxyConfig, parts: { events: Prox
   let dnsAddress: string | undefined;
   let bound: { host: string; port: number } | undefined;
   if (config.dnsBindAddress !== undefined) {
-    const server = new DnsServer({ logger, handler: (message, transport) => answerDnsQuery(message, { directory, ttlSeconds: DNS_TTL_SECONDS, transport, ready: synced }) });
+    const server = new DnsServer({ logger, reusePort: config.handoverSocket !== undefined, handler: (message, transport) => answerDnsQuery(message, { directory, ttlSeconds: DNS_TTL_SECONDS, transport, ready: synced }) });
     const address = config.dnsBindAddress;
     bound = await listenOrExplain('--dns-bind-address', address, () => server.listen(address.host, address.port));
     dns = server;
@@ -82,8 +85,8 @@ export async function startLocalNames(config: ProxyConfig, parts: { events: Prox
         ...(first !== undefined ? { example: `${first.name}.${first.namespace}.svc.${config.clusterDomain}` } : {}),
       });
     },
-    async stop() {
-      await Promise.all([dns?.close(), hostsFile?.remove()]);
+    async stop(opts) {
+      await Promise.all([dns?.close(), opts?.keepHostsBlock === true ? undefined : hostsFile?.remove()]);
     },
   };
 }
