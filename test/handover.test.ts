@@ -1,8 +1,9 @@
 import { afterEach, describe, expect, it } from 'vitest';
 import type { Spawned } from './helpers/cli.js';
+import { waitFor } from './helpers/net.js';
 import { startLoad, type Load, type LoadOptions, type LoadResult } from './helpers/handover-load.js';
 import { createHandoverNode, HO, type HandoverNode } from './helpers/handover-node.js';
-import { iptablesSkipReason, netnsSkipReason, nsRequest, reportSkip } from './helpers/netns.js';
+import { iptablesSkipReason, netnsSkipReason, nsExec, nsRequest, reportSkip } from './helpers/netns.js';
 
 /**
  * `--handover-socket`: restarts that drop no connection (docs/handover.md). Real proxy processes
@@ -178,6 +179,36 @@ describe('hand-over faults', () => {
     expect(r.udpFailed).toBe(0);
     expect(await next.exited).toBe(0);
   }, 180_000);
+
+  it.skipIf(netnsSkipReason !== undefined)('turns on net.ipv4.tcp_migrate_req in its network namespace, and says so', async () => {
+    node = await createHandoverNode('homig');
+    expect((await nsExec(node.ns, 'cat', ['/proc/sys/net/ipv4/tcp_migrate_req'])).stdout.trim()).toBe('0');
+    const proxy = node.proxy();
+    await proxy.waitForLine(/answering hand-overs/, 30_000);
+    expect((await nsExec(node.ns, 'cat', ['/proc/sys/net/ipv4/tcp_migrate_req'])).stdout.trim()).toBe('1');
+    expect(logged(proxy, /set net\.ipv4\.tcp_migrate_req=1/)).toHaveLength(1);
+  }, 60_000);
+
+  it.skipIf(netnsSkipReason !== undefined)('the old process leaves the hosts-file block to its successor', async () => {
+    node = await createHandoverNode('hohosts');
+    const hosts = `${node.dir}/hosts`;
+    const { readFile, writeFile } = await import('node:fs/promises');
+    await writeFile(hosts, '127.0.0.1 localhost\n');
+    const old = node.proxy(['--hosts-file', hosts]);
+    await old.waitForLine(/answering hand-overs/, 30_000);
+    const block = await waitFor(async () => {
+      const text = await readFile(hosts, 'utf8');
+      return text.includes('echo.default.svc.cluster.local') ? text : undefined;
+    }, 'the hosts-file block');
+    const next = node.proxy(['--hosts-file', hosts]);
+    await next.waitForLine(/answering hand-overs/, 30_000);
+    expect(await old.exited).toBe(0);
+    expect(await readFile(hosts, 'utf8')).toBe(block);
+    next.child.kill('SIGTERM');
+    expect(await next.exited).toBe(0);
+    // A normal stop (no successor) takes it out, as before.
+    expect(await readFile(hosts, 'utf8')).toBe('127.0.0.1 localhost\n');
+  }, 60_000);
 
   it.skipIf(netnsSkipReason !== undefined)('a socket file left by a killed process is replaced at start', async () => {
     node = await createHandoverNode('hostale');
