@@ -17,7 +17,8 @@ const r = { longOpened: 0, longCompleted: 0, longErrors: [], longMismatch: 0, lo
 let stopping = false;
 const hard = setTimeout(() => { r.timedOut = true; finish(); }, o.maxSeconds * 1000); hard.unref();
 function finish() { process.stdout.write('RESULT ' + JSON.stringify(r) + '\n'); process.exit(0); }
-function progress() { process.stdout.write('PROGRESS ' + JSON.stringify({ short: r.shortOk, udp: r.udpOk }) + '\n'); }
+function progress() { process.stdout.write('PROGRESS ' + JSON.stringify({ short: r.shortOk, udp: r.udpOk, refused: r.shortRefused, reset: r.shortReset, other: r.shortOther.slice(-3), longErrors: r.longErrors.length }) + '\n'); }
+let attempts = 0;
 function classify(e) { return e && e.code === 'ECONNREFUSED' ? 'refused' : e && (e.code === 'ECONNRESET' || e.code === 'EPIPE') ? 'reset' : 'other'; }
 
 // Long-lived connections: a numbered line every chunkMs; what comes back must be be: + every
@@ -51,11 +52,12 @@ async function shortLoop(w) {
         s.on('end', () => { s.destroy(); resolve(Buffer.concat(chunks).toString()); });
         s.on('error', reject);
       });
-      if (reply === 'be:' + msg) { r.shortOk++; if (r.shortOk % 200 === 0) progress(); } else r.shortMismatch++;
+      if (reply === 'be:' + msg) r.shortOk++; else r.shortMismatch++;
     } catch (e) {
       const k = classify(e);
       if (k === 'refused') r.shortRefused++; else if (k === 'reset') r.shortReset++; else r.shortOther.push(e.code || e.message);
     }
+    if (++attempts % 200 === 0) progress();
   }
 }
 
