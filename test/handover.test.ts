@@ -182,6 +182,33 @@ describe('hand-over faults', () => {
     expect(await next.exited).toBe(0);
   }, 180_000);
 
+  it.skipIf(netnsSkipReason !== undefined)('the old process killed before the new one is ready: the new one carries on as after a normal start', async () => {
+    node = await createHandoverNode('hogone');
+    // An "old process" that welcomes the newcomer and is then SIGKILLed: the line closes before
+    // ready, and its socket file stays behind.
+    const { spawn } = await import('node:child_process');
+    const script = `require('node:net').createServer((s) => s.once('data', () => { s.write(JSON.stringify({ t: 'welcome', pid: process.pid, version: 'old', proxyPorts: [] }) + '\\n'); process.stdout.write('welcomed\\n'); })).listen(${JSON.stringify(node.socket)});`;
+    const fake = spawn(process.execPath, ['-e', script], { stdio: ['ignore', 'pipe', 'inherit'] });
+    const fakeExited = new Promise<void>((resolve) => fake.once('exit', () => resolve()));
+    try {
+      await waitFor(async () => (await import('node:fs/promises')).stat(node!.socket).then(() => true, () => false), 'the fake old process to listen');
+      const proxy = node.proxy();
+      await new Promise<void>((resolve) => fake.stdout.once('data', () => resolve()));
+      fake.kill('SIGKILL');
+      await fakeExited;
+      await proxy.waitForLine(/answering hand-overs/, 30_000);
+      expect(logged(proxy, /taking over from the running proxy/)).toHaveLength(1);
+      expect(logged(proxy, /went away during the hand-over: serving as after a normal start/)).toHaveLength(1);
+      expect(await request(node, 'alone')).toBe('be:alone');
+      // It answers on the path now: a later start takes over from it.
+      const next = node.proxy();
+      await next.waitForLine(/took over from the previous process/, 30_000);
+      expect(await proxy.exited).toBe(0);
+    } finally {
+      fake.kill('SIGKILL');
+    }
+  }, 60_000);
+
   it.skipIf(netnsSkipReason !== undefined)('turns on net.ipv4.tcp_migrate_req in its network namespace, and says so', async () => {
     node = await createHandoverNode('homig');
     expect((await nsExec(node.ns, 'cat', ['/proc/sys/net/ipv4/tcp_migrate_req'])).stdout.trim()).toBe('0');
