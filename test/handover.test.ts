@@ -75,6 +75,8 @@ describe.each(VARIANTS)('hand-over across restarts ($name)', ({ portal, host, ex
       const next = node.proxy(extra);
       await next.waitForLine(/answering hand-overs/, 60_000);
       expect(logged(next, /took over from the previous process/)).toHaveLength(1);
+      // The same proxy ports as the old process (the iptables portal's rules point there).
+      expect(logged(next, /proxy ports differ/)).toEqual([]);
       await current.waitForLine(/handed over/, 10_000);
       olds.push(current);
       current = next;
