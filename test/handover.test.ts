@@ -211,6 +211,31 @@ describe('hand-over faults', () => {
     }
   }, 60_000);
 
+  it.skipIf(netnsSkipReason !== undefined)('SIGTERM during a hand-over: the old process serves until the new one is ready, then drains', async () => {
+    node = await createHandoverNode('hoterm');
+    const old = node.proxy();
+    await old.waitForLine(/answering hand-overs/, 30_000);
+    // The newcomer, played by the test over the socket: welcomed, it says ready only later.
+    const { createConnection } = await import('node:net');
+    const line = createConnection(node.socket);
+    let got = '';
+    line.setEncoding('utf8');
+    line.on('data', (d: string) => (got += d));
+    line.write(`${JSON.stringify({ t: 'hello', protocol: 1, version: 'test', pid: 4242, portal: 'loopback', bindAddress: '0.0.0.0' })}\n`);
+    await waitFor(() => got.includes('"welcome"'), 'the welcome');
+    old.child.kill('SIGTERM');
+    await old.waitForLine(/finishing the hand-over before stopping/);
+    // Still serving: stopping now would leave the addresses without a listener.
+    expect(await request(node, 'waiting')).toBe('be:waiting');
+    expect(old.child.exitCode).toBeNull();
+    line.write(`${JSON.stringify({ t: 'ready' })}\n`);
+    await waitFor(() => got.includes('"released"'), 'released');
+    await old.waitForLine(/handed over/);
+    expect(logged(old, /handed over/)[0]).toMatchObject({ to: 4242 });
+    expect(await old.exited).toBe(0);
+    line.destroy();
+  }, 60_000);
+
   it.skipIf(netnsSkipReason !== undefined)('turns on net.ipv4.tcp_migrate_req in its network namespace, and says so', async () => {
     node = await createHandoverNode('homig');
     expect((await nsExec(node.ns, 'cat', ['/proc/sys/net/ipv4/tcp_migrate_req'])).stdout.trim()).toBe('0');
