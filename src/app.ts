@@ -44,6 +44,12 @@ export interface RunningProxy {
   names: LocalNames;
   /** Stop accepting, let connections finish for the grace period, close everything. */
   stop(graceMs?: number): Promise<{ cut: number }>;
+  /**
+   * A successor serves the same addresses (--handover-socket): stop accepting everywhere at once
+   * (proxy, health, admin and DNS listeners), let connections finish for the grace period. The
+   * portal and the hosts-file block are the successor's now: left as they are.
+   */
+  retire(graceMs?: number): Promise<{ cut: number }>;
 }
 
 /** Where a hold episode (demand for a Service without endpoints) is made visible. */
@@ -108,11 +114,13 @@ async function start(config: ProxyConfig, logger: Logger, started: Started): Pro
   const demand: Demand = {};
   // --workers N >= 2: the sockets live in worker processes, launched once the source is found.
   const workers = resolveWorkers(config.workers);
+  const reusePort = config.handoverSocket !== undefined;
   const pool = workers > 1 ? await createWorkerPool(config, workers, logger) : undefined;
   const local = pool ? undefined : new LocalUnitSet({
     logger,
     balancerFactory: (deps) => new RoundRobinBalancer({ ...deps, outlier: config.outlier }),
-    socketFactory: proxySocketFactory(config, logger, receiveBuffers, (unit) => demand.events?.needPods(unit.servicePort), dialer),
+    // --handover-socket: a successor binds every address beside ours (SO_REUSEPORT) before we close.
+    socketFactory: proxySocketFactory({ ...config, reusePort }, logger, receiveBuffers, (unit) => demand.events?.needPods(unit.servicePort), dialer),
     portAllocator: new PortAllocator(config.proxyPortRange, Math.random),
     clock: systemClock,
     random: Math.random,
@@ -159,13 +167,13 @@ async function start(config: ProxyConfig, logger: Logger, started: Started): Pro
     ? attachMetrics(admin, { events: proxier, read: () => pool.readStats() }, { renderMore: () => workerFigures.renderWorkerMetrics(pool) })
     : attachMetrics(admin, { events: proxier, stats: () => units.stats() }, { kernelCounters: receiveBuffers });
   if (pool && workerFigures) workerFigures.attachWorkerFigures(admin, pool);
-  const serviceHealth = new ServiceHealthServer({ hosts: healthCheckHosts(config.portal, config.nodePortAddresses, systemNodeAddresses), logger, proxyHealthy: () => health.isHealthy() });
+  const serviceHealth = new ServiceHealthServer({ hosts: healthCheckHosts(config.portal, config.nodePortAddresses, systemNodeAddresses), logger, proxyHealthy: () => health.isHealthy(), reusePort });
   started.add(() => serviceHealth.close());
   proxier.onSync((e) => void serviceHealth.sync(e.serviceHealth));
   warnOnLowOpenFileLimit(proxier, (msg, need) => logger.warn(need, msg));
-  const adminBound = await listenOrExplain('--metrics-bind-address', config.metricsBindAddress, () => admin.listen(config.metricsBindAddress.host, config.metricsBindAddress.port));
+  const adminBound = await listenOrExplain('--metrics-bind-address', config.metricsBindAddress, () => admin.listen(config.metricsBindAddress.host, config.metricsBindAddress.port, reusePort));
   started.add(() => admin.close());
-  const healthz = await listenOrExplain('--healthz-bind-address', config.healthzBindAddress, () => startHealthServer({ host: config.healthzBindAddress.host, port: config.healthzBindAddress.port, health, logger, probes: metrics }));
+  const healthz = await listenOrExplain('--healthz-bind-address', config.healthzBindAddress, () => startHealthServer({ host: config.healthzBindAddress.host, port: config.healthzBindAddress.port, health, logger, probes: metrics, reusePort }));
   started.add(() => healthz.server.close());
   const names = await startLocalNames(config, { events: proxier, units, portal, logger, ...(local ? { handOffs: local } : {}) }, listenOrExplain);
   started.add(() => names.stop());
@@ -197,6 +205,16 @@ async function start(config: ProxyConfig, logger: Logger, started: Started): Pro
       dialer.close();
       // The hosts-file block goes last: names keep resolving while connections drain.
       await Promise.all([admin.close(), healthz.server.close(), serviceHealth.close(), names.stop()]);
+      return result;
+    },
+    async retire(graceMs = config.shutdownGracePeriodMs) {
+      clearInterval(resync);
+      await source.stop();
+      const closed = Promise.all([admin.close(), healthz.server.close(), serviceHealth.close(), names.stop({ keepHostsBlock: true })]);
+      const result = await proxier.shutdown(graceMs);
+      demand.events?.stop();
+      dialer.close();
+      await closed;
       return result;
     },
   };

@@ -4,8 +4,12 @@ import { parseCommandLine } from './cli.js';
 import { buildConfig } from './config.js';
 import { ProxyError, UsageError } from './core/errors.js';
 import { cleanupLocalNames } from './local-names.js';
+import { completeTakeOver, serveHandover, takeOverIfRunning } from './handover.js';
 import { createLogger } from './log.js';
 import { resolveOptions, writeConfigFile } from './kube-proxy-config.js';
+
+/** On SIGTERM, how long a successor mid-hand-over may take to serve before this process stops anyway. */
+const SUCCESSOR_WAIT_MS = 60_000;
 
 /**
  * The command behind the `kube-userspace-proxy` binary (main.ts loads it): parses flags, builds
@@ -37,18 +41,54 @@ async function main(argv: string[]): Promise<number> {
     process.once('SIGTERM', resolve);
     process.once('SIGINT', resolve);
   });
+  // --handover-socket: a running proxy hands over to this one (or refuses: one line, exit 1).
+  const takeOver = await takeOverIfRunning(config, logger);
   // Start-up may wait a long time for an API server that does not answer: a signal then stops
   // the process at once (nothing has been accepted yet, so nothing is cut).
-  const first = await Promise.race([startProxy(config, logger), signalled]);
+  const first = await Promise.race([startProxy(config, logger), signalled]).catch((err: unknown) => {
+    // The old process never closed anything: it serves on.
+    takeOver?.session.abandon();
+    throw err;
+  });
   if (typeof first === 'string') {
+    takeOver?.session.abandon();
     logger.info({ signal: first }, 'stopped before the first sync');
     logger.flush();
     process.exit(0);
   }
   const proxy = first;
+  if (takeOver !== undefined) await completeTakeOver(takeOver, proxy, logger);
+  // Serving already: a path another process holds (one that started at the same moment) costs only
+  // the next hand-over, said once.
+  const handover = await serveHandover(config, proxy, logger).catch((err: unknown) => {
+    logger.error({ err }, 'cannot answer hand-overs: serving on; the next start of the proxy cannot take over from this process');
+    return undefined;
+  });
   // For a person at a terminal, apart from the JSON log on stdout: how to use the Service names.
   for (const line of proxy.names.hints()) process.stderr.write(`${line}\n`);
-  const signal = await signalled;
+  const next = await Promise.race([signalled, handover?.handedOver ?? new Promise<never>(() => undefined)]);
+  let successor = typeof next === 'string' ? undefined : next;
+  if (typeof next === 'string' && handover !== undefined) {
+    // A successor mid-hand-over (its pod turned ready on our health answers, say) finishes first:
+    // stopping now would leave a moment with no listener.
+    if (handover.server.busy) {
+      logger.info({ signal: next }, 'a new process is taking over: finishing the hand-over before stopping');
+      await Promise.race([handover.server.settled(), new Promise((resolve) => setTimeout(resolve, SUCCESSOR_WAIT_MS).unref())]);
+      successor = await Promise.race([handover.handedOver, Promise.resolve(undefined)]);
+    }
+    if (successor === undefined) await handover.server.close();
+  }
+  if (successor !== undefined) {
+    // Drain whatever signals come: the successor serves, and established connections finish here.
+    process.on('SIGTERM', () => undefined);
+    process.on('SIGINT', () => undefined);
+    logger.info({ to: successor.pid, version: successor.version, active: proxy.proxier.activeConnections(), graceMs: config.shutdownGracePeriodMs }, 'handed over: no new connections here; established ones may finish');
+    const { cut } = await proxy.retire();
+    logger.info({ cut }, 'stopped');
+    logger.flush();
+    return 0;
+  }
+  const signal = next as NodeJS.Signals;
   logger.info({ signal, active: proxy.proxier.activeConnections(), graceMs: config.shutdownGracePeriodMs }, 'shutting down: no new connections; established ones may finish');
   const { cut } = await proxy.stop();
   logger.info({ cut }, 'stopped');
@@ -65,7 +105,7 @@ export async function runCommand(argv: string[]): Promise<void> {
       process.exitCode = 2;
       return;
     }
-    if (err instanceof ProxyError && (err.code === 'PORTAL' || err.code === 'STARTUP')) {
+    if (err instanceof ProxyError && (err.code === 'PORTAL' || err.code === 'STARTUP' || err.code === 'HANDOVER')) {
       // e.g. --cleanup that could not remove everything (the message lists every failure), or a
       // server whose address is taken (startProxy closed whatever had started).
       process.stderr.write(`kube-userspace-proxy: ${err.message}\n`);

@@ -58,6 +58,12 @@ export interface ProxyConfig {
   /** `--hosts-file`: the hosts-format file that keeps a block of Service names. */
   hostsFile?: string;
   /**
+   * `--handover-socket`: the unix socket through which a starting proxy takes over from the
+   * running one without closing a port (docs/handover.md). Every listener then binds with
+   * SO_REUSEPORT, `--workers 1` included.
+   */
+  handoverSocket?: string;
+  /**
    * `--workers`: processes that serve connections; `auto` is one per core
    * (os.availableParallelism(), resolved at start). 1 serves from the controller's own process.
    */
@@ -102,6 +108,7 @@ export interface RawOptions {
   socksBindAddress?: string;
   clusterDomain?: string;
   hostsFile?: string;
+  handoverSocket?: string;
   outlierConsecutiveFailures?: string;
   outlierBaseEjectionTime?: string;
   outlierMaxEjectionTime?: string;
@@ -292,6 +299,10 @@ export function buildConfig(raw: RawOptions): ProxyConfig {
   if (raw.hostsFile !== undefined) {
     if (raw.hostsFile.trim() === '') throw new UsageError('--hosts-file: empty file name');
     config.hostsFile = raw.hostsFile;
+  }
+  if (raw.handoverSocket !== undefined && raw.handoverSocket !== '') {
+    if (raw.handoverSocket.trim() === '') throw new UsageError('--handover-socket: empty file name');
+    config.handoverSocket = raw.handoverSocket;
   }
   if (proxyPortRange) config.proxyPortRange = proxyPortRange;
   if (raw.state) config.stateFile = raw.state;

@@ -205,6 +205,7 @@ const SCHEMA: Schema = {
       socksBindAddress: hostPortOption('socksBindAddress', 1080),
       clusterDomain: stringOption('clusterDomain', (v, at) => parseClusterDomain(v, at)),
       hostsFile: stringOption('hostsFile'),
+      handoverSocket: stringOption('handoverSocket'),
       outlierDetection: {
         type: {
           consecutiveFailures: countOption('outlierConsecutiveFailures'),
@@ -439,6 +440,7 @@ export function toKubeProxyConfiguration(config: ProxyConfig): Record<string, un
       socksBindAddress: config.socksBindAddress ? hostPort(config.socksBindAddress) : '',
       clusterDomain: config.clusterDomain,
       hostsFile: config.hostsFile ?? '',
+      handoverSocket: config.handoverSocket ?? '',
       outlierDetection: {
         consecutiveFailures: config.outlier.consecutiveFailures,
         baseEjectionTime: formatDuration(config.outlier.baseEjectionMs),

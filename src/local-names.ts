@@ -31,8 +31,11 @@ export interface LocalNames {
   socksAddress?: string;
   /** The lines a user needs to use the names (printed at start). */
   hints(): string[];
-  /** Stops answering and takes the hosts-file block out (a failure there is logged). */
-  stop(): Promise<void>;
+  /**
+   * Stops answering and takes the hosts-file block out (a failure there is logged); with
+   * `keepHostsBlock` (a hand-over: the successor keeps it) the block stays.
+   */
+  stop(opts?: { keepHostsBlock?: boolean }): Promise<void>;
 }
 
 /** Where a client here connects: the loopback portal's address for the Service, else its ClusterIPs. */
@@ -70,7 +73,7 @@ export async function startLocalNames(config: ProxyConfig, parts: { events: Prox
   // The responder and the front (and dns-packet) load only when asked for: start-up pays for what it uses.
   if (config.dnsBindAddress !== undefined) {
     const [{ DnsServer }, { answerDnsQuery }] = await Promise.all([import('./io/dns/dns-server.js'), import('./core/dns-answer.js')]);
-    const server = new DnsServer({ logger, handler: (message, transport) => answerDnsQuery(message, { directory, ttlSeconds: DNS_TTL_SECONDS, transport, ready: synced }) });
+    const server = new DnsServer({ logger, reusePort: config.handoverSocket !== undefined, handler: (message, transport) => answerDnsQuery(message, { directory, ttlSeconds: DNS_TTL_SECONDS, transport, ready: synced }) });
     const address = config.dnsBindAddress;
     bound = await listenOrExplain('--dns-bind-address', address, () => server.listen(address.host, address.port));
     dns = server;
@@ -82,7 +85,7 @@ export async function startLocalNames(config: ProxyConfig, parts: { events: Prox
     const { FrontServer } = await import('./io/front/front-server.js');
     // The units in this process (no --workers): the front hands its clients to their TCP proxy
     // sockets, and needs none of their listeners (macOS without root binds no 127.96.x.y).
-    const server = new FrontServer({ resolver: directory, domain: config.clusterDomain, logger, ...(parts.handOffs ? { handOffs: parts.handOffs } : {}) });
+    const server = new FrontServer({ resolver: directory, domain: config.clusterDomain, logger, reusePort: config.handoverSocket !== undefined, ...(parts.handOffs ? { handOffs: parts.handOffs } : {}) });
     const address = config.socksBindAddress;
     try {
       frontBound = await listenOrExplain('--socks-bind-address', address, () => server.listen(address.host, address.port));
@@ -111,8 +114,8 @@ export async function startLocalNames(config: ProxyConfig, parts: { events: Prox
         ...(tcp !== undefined && port !== undefined ? { exampleTcp: { name: `${tcp.name}.${tcp.namespace}`, port } } : {}),
       });
     },
-    async stop() {
-      await Promise.all([dns?.close(), front?.close(), hostsFile?.remove()]);
+    async stop(opts) {
+      await Promise.all([dns?.close(), front?.close(), opts?.keepHostsBlock === true ? undefined : hostsFile?.remove()]);
     },
   };
 }

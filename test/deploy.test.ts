@@ -44,7 +44,12 @@ interface Container {
 interface PodSpec {
   serviceAccountName: string; hostNetwork: boolean; priorityClassName: string; terminationGracePeriodSeconds: number;
   nodeSelector: Record<string, string>; tolerations: Array<{ key?: string; operator: string; effect?: string }>;
-  containers: Container[]; volumes: Array<{ name: string; configMap?: { name: string } }>;
+  containers: Container[]; volumes: Array<{ name: string; configMap?: { name: string }; hostPath?: { path: string; type?: string } }>;
+  initContainers?: Array<{ name: string; command: string[]; securityContext?: { privileged?: boolean }; volumeMounts?: Array<{ name: string; mountPath: string }> }>;
+}
+interface RollingDaemonSet {
+  minReadySeconds?: number;
+  updateStrategy: { type: string; rollingUpdate: { maxSurge?: number | string; maxUnavailable?: number | string } };
 }
 
 const daemonSet = (): { spec: { selector: { matchLabels: Record<string, string> }; template: { metadata: { labels: Record<string, string> }; spec: PodSpec } } } =>
@@ -141,6 +146,29 @@ describe('the DaemonSet', () => {
     expect(sc.capabilities.add.every((cap) => cap === 'NET_ADMIN' || cap === 'NET_BIND_SERVICE')).toBe(true);
     expect(sc.runAsNonRoot).toBe(true);
     expect(String(sc.runAsUser)).toBe(dockerfile().runtime.user.split(':')[0]);
+  });
+
+  it('updates by hand-over: a surge pod beside the old one, never a node without a proxy', () => {
+    const spec = (one('DaemonSet') as unknown as { spec: RollingDaemonSet }).spec;
+    expect(spec.updateStrategy).toEqual({ type: 'RollingUpdate', rollingUpdate: { maxSurge: 1, maxUnavailable: 0 } });
+    expect(spec.minReadySeconds).toBeGreaterThan(0);
+    // With hostNetwork a container port is a host port: the surge pod could not be scheduled.
+    expect((container() as unknown as { ports?: unknown[] }).ports ?? []).toEqual([]);
+    expect(container().readinessProbe.httpGet.path).toBe('/healthz');
+  });
+
+  it('puts the hand-over socket on a hostPath both pods mount, prepared by a root init container', () => {
+    const config = buildConfig(parseKubeProxyConfiguration(configText(), 'config.yaml').options);
+    const socket = config.handoverSocket as string;
+    expect(socket).toMatch(/^\//);
+    const mount = container().volumeMounts.find((m) => socket.startsWith(`${m.mountPath}/`));
+    expect(mount, '--handover-socket is under a mount').toBeDefined();
+    const spec = daemonSet().spec.template.spec;
+    const volume = spec.volumes.find((v) => v.name === mount?.name);
+    expect(volume?.hostPath).toEqual({ path: mount?.mountPath, type: 'DirectoryOrCreate' });
+    const init = spec.initContainers?.find((c) => c.volumeMounts?.some((m) => m.name === mount?.name));
+    expect(init?.command.join(' ')).toContain('tcp_migrate_req');
+    expect(init?.command.join(' ')).toContain(`chown 65532:65532 ${mount?.mountPath}`);
   });
 
   it('runs the image version package.json names, and lets the shutdown grace period finish', () => {

@@ -11,6 +11,7 @@ export type ProxyErrorCode =
   | 'PORTAL' // a portal could not be programmed
   | 'API' // the Kubernetes API answered with an error
   | 'PORT_FORWARD' // a port-forward tunnel or stream to a pod failed
+  | 'HANDOVER' // --handover-socket: the running proxy refused the hand-over (it serves on): print one line, exit 1
   | 'INTERNAL'; // a bug: an invariant did not hold
 
 export class ProxyError extends Error {

@@ -22,6 +22,8 @@ export interface DnsServerOptions {
   logger: Logger;
   tcpIdleTimeoutMs?: number;
   maxTcpConnections?: number;
+  /** SO_REUSEPORT on both sockets (--handover-socket): the next process binds them beside these. */
+  reusePort?: boolean;
 }
 
 /** A message and its length prefix never exceed this; nothing more is buffered per connection. */
@@ -75,7 +77,7 @@ export class DnsServer {
   }
 
   private bindUdp(host: string, port: number): Promise<UdpSocket> {
-    const udp = createSocket({ type: ipFamily(host) === 4 ? 'udp4' : 'udp6', ipv6Only: false });
+    const udp = createSocket({ type: ipFamily(host) === 4 ? 'udp4' : 'udp6', ipv6Only: false, reusePort: this.opts.reusePort ?? false });
     return new Promise((resolve, reject) => {
       udp.once('error', reject);
       udp.bind(port, host, () => {
@@ -97,7 +99,7 @@ export class DnsServer {
     server.maxConnections = this.opts.maxTcpConnections ?? 256;
     return new Promise((resolve, reject) => {
       server.once('error', reject);
-      server.listen({ host, port, ipv6Only: false }, () => {
+      server.listen({ host, port, ipv6Only: false, reusePort: this.opts.reusePort ?? false }, () => {
         server.off('error', reject);
         server.on('error', (err) => this.log.warn({ err }, 'DNS TCP server error'));
         resolve(server);

@@ -42,6 +42,8 @@ export interface FrontServerOptions {
   handshakeTimeoutMs?: number;
   maxHeaderBytes?: number;
   maxConnections?: number;
+  /** SO_REUSEPORT (--handover-socket): a successor binds the same address before this one closes. */
+  reusePort?: boolean;
 }
 
 export const DEFAULT_HANDSHAKE_TIMEOUT_MS = 5000;
@@ -66,7 +68,7 @@ export class FrontServer {
     server.maxConnections = this.opts.maxConnections ?? DEFAULT_MAX_FRONT_CONNECTIONS;
     await new Promise<void>((resolve, reject) => {
       server.once('error', reject);
-      server.listen({ host, port, ipv6Only: false }, () => {
+      server.listen({ host, port, ipv6Only: false, reusePort: this.opts.reusePort === true }, () => {
         server.off('error', reject);
         server.on('error', (err) => this.log.warn({ err }, 'SOCKS front server error'));
         resolve();
@@ -77,7 +79,10 @@ export class FrontServer {
     return { host: a.address, port: a.port };
   }
 
-  /** Stops accepting and cuts every open front connection and its tunnel. */
+  /**
+   * Stops accepting and cuts every front connection still its own: handshakes, and tunnels relayed
+   * to a local address (--workers). Connections handed to a Service port are that port's.
+   */
   async close(): Promise<void> {
     const server = this.server;
     this.server = undefined;
@@ -200,8 +205,14 @@ export class FrontServer {
     // The Service's address stands for where the tunnel leads; no socket of ours is bound to it.
     client.write(connectedReply(request, { host: target.host, port: target.port }));
     if (rest.length > 0) client.unshift(rest);
-    if (!to.adopt(client, client.bytesWritten)) client.destroy();
-    else this.debug(client, `handed to ${target.servicePort}`, request);
+    if (!to.adopt(client, client.bytesWritten)) {
+      client.destroy();
+      return;
+    }
+    // The Service port's connection now: it drains with the proxy's own (a hand-over, SIGTERM),
+    // so closing the front does not cut it.
+    this.sockets.delete(client);
+    this.debug(client, `handed to ${target.servicePort}`, request);
   }
 
   /**

@@ -58,11 +58,13 @@ export interface HealthServerOptions {
   health: ProxierHealth;
   logger: Logger;
   probes?: ProbeObserver;
+  /** SO_REUSEPORT (--handover-socket): the next process binds the same address beside this one. */
+  reusePort?: boolean;
 }
 
 /** Starts the health server on `--healthz-bind-address`. */
 export async function startHealthServer(opts: HealthServerOptions): Promise<{ server: HttpServer; address: AddressInfo }> {
   const server = healthRoutes(new HttpServer(opts.logger.child({ component: 'healthz' })), opts.health, opts.probes);
-  const address = await server.listen(opts.host, opts.port);
+  const address = await server.listen(opts.host, opts.port, opts.reusePort ?? false);
   return { server, address };
 }

@@ -37,11 +37,12 @@ export class HttpServer {
     return [...this.routes.keys()];
   }
 
-  async listen(host: string, port: number): Promise<AddressInfo> {
+  /** `reusePort`: a successor process binds the same address while this one serves (--handover-socket). */
+  async listen(host: string, port: number, reusePort = false): Promise<AddressInfo> {
     await new Promise<void>((resolve, reject) => {
       const onError = (err: Error): void => reject(err);
       this.server.once('error', onError);
-      this.server.listen({ host: host || undefined, port }, () => {
+      this.server.listen({ host: host || undefined, port, reusePort }, () => {
         this.server.off('error', onError);
         resolve();
       });

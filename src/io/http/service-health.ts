@@ -37,6 +37,8 @@ export interface ServiceHealthServerOptions {
   logger: Logger;
   /** kube-proxy's own health (healthz.ts ProxierHealth.isHealthy); unhealthy turns every answer to 503. */
   proxyHealthy?: () => boolean;
+  /** SO_REUSEPORT (--handover-socket): the next process binds the same ports beside this one. */
+  reusePort?: boolean;
 }
 
 interface Instance {
@@ -50,6 +52,7 @@ export class ServiceHealthServer {
   private readonly log: Logger;
   private readonly hosts: readonly string[];
   private readonly proxyHealthy: () => boolean;
+  private readonly reusePort: boolean;
   private readonly instances = new Map<string, Instance>();
   /** Bind failures already reported, per `service|port`: one line each until it binds. */
   private readonly reported = new Map<string, string>();
@@ -60,6 +63,7 @@ export class ServiceHealthServer {
     this.log = opts.logger.child({ component: 'service-health' });
     this.hosts = opts.hosts.length > 0 ? opts.hosts : ['0.0.0.0'];
     this.proxyHealthy = opts.proxyHealthy ?? (() => true);
+    this.reusePort = opts.reusePort ?? false;
   }
 
   /** Reconcile with the Services that want a health check port. Calls run one after another. */
@@ -140,7 +144,7 @@ export class ServiceHealthServer {
     server.keepAliveTimeout = 5000;
     return new Promise((resolve, reject) => {
       server.once('error', reject);
-      server.listen({ host, port: inst.port }, () => {
+      server.listen({ host, port: inst.port, reusePort: this.reusePort }, () => {
         server.off('error', reject);
         server.on('error', (err) => this.log.error({ err, service: inst.service }, 'health check server error'));
         resolve(server);
