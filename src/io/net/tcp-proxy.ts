@@ -13,6 +13,9 @@ import { RateLimiter } from '../../core/rate-limiter.js';
 import { TcpConnection, type TcpConnectionContext } from './tcp-connection.js';
 import { HoldBudget } from './hold-budget.js';
 import type { ProxyUnit } from '../../core/units.js';
+import type { PortalAddress } from '../../core/model.js';
+import { proxyV2Header } from '../../core/proxy-protocol.js';
+import { portalDestinations, type PortalDestinations } from '../../core/portal-destination.js';
 
 /** Upstream's endpointDialTimeout: one attempt per entry, each on a freshly picked endpoint. */
 export const DEFAULT_DIAL_TIMEOUTS_MS: readonly number[] = [250, 500, 1000, 2000];
@@ -49,6 +52,13 @@ export interface TcpProxySocketOptions {
    * composition root turns it into a Kubernetes Event). Called synchronously; must not throw.
    */
   onHoldEpisode?: () => void;
+  /** Begin every connection to the endpoints with a PROXY protocol v2 header (the unit's proxyProtocol). */
+  proxyProtocol?: boolean;
+  /**
+   * The unit's portals: for a connection NATed to a proxy port, where the client connected, as the
+   * PROXY header's destination (core/portal-destination.ts).
+   */
+  portals?: readonly PortalAddress[];
 }
 
 /**
@@ -78,6 +88,10 @@ export class TcpProxySocket implements ProxySocket {
   private drainWaiters: (() => void)[] = [];
   private readonly fdWarnings = new RateLimiter(1000, systemClock.now);
   private readonly reusePort: boolean;
+  private readonly portals: readonly PortalAddress[];
+  /** Made on the first PROXY header for a NATed connection. */
+  private natDestinations: PortalDestinations | undefined;
+  private bugLines: RateLimiter | undefined;
 
   constructor(opts: TcpProxySocketOptions) {
     this.reusePort = opts.reusePort ?? false;
@@ -90,6 +104,7 @@ export class TcpProxySocket implements ProxySocket {
     this.holdMs = opts.holdWhenEmptyMs ?? 0;
     this.holdBudget = opts.holdBudget ?? new HoldBudget();
     this.onHoldEpisode = opts.onHoldEpisode;
+    this.portals = opts.portals ?? [];
     this.ctx = {
       balancer: opts.balancer,
       dialer: opts.dialer,
@@ -101,6 +116,8 @@ export class TcpProxySocket implements ProxySocket {
       released: (conn) => this.released(conn),
       hold: (conn) => this.hold(conn),
       holdEnded: (conn) => this.holdEnded(conn),
+      proxyProtocol: opts.proxyProtocol ?? false,
+      proxyHeader: (client, nat) => this.proxyHeader(client, nat),
     };
   }
 
@@ -117,7 +134,8 @@ export class TcpProxySocket implements ProxySocket {
     // pauseOnConnect: nothing is read from the client until its endpoint is connected, so bytes wait
     // in the kernel during the dial instead of piling up in memory.
     const server = createServer({ allowHalfOpen: true, pauseOnConnect: true, noDelay: true });
-    server.on('connection', (client) => this.accept(client));
+    const nat = addr.nat === true;
+    server.on('connection', (client) => this.accept(client, nat));
     return new Promise((resolve, reject) => {
       server.once('error', reject);
       // ipv6Only: a listener on :: must not also take the IPv4 port, which another listener may hold.
@@ -179,6 +197,8 @@ export class TcpProxySocket implements ProxySocket {
 
   update(unit: ProxyUnit): void {
     this.holdMs = unit.holdWhenEmptyMs ?? 0;
+    // For connections accepted from now on; those already accepted keep what they began with.
+    this.ctx.proxyProtocol = unit.proxyProtocol !== undefined;
     this.releaseHeld();
   }
 
@@ -207,12 +227,43 @@ export class TcpProxySocket implements ProxySocket {
     for (const conn of this.conns) conn.sweepIdle(nowMs, this.idleTimeoutMs);
   }
 
-  private accept(client: Socket): void {
+  private accept(client: Socket, nat: boolean): void {
     this.stats.accepted++;
     this.stats.active++;
-    const conn = new TcpConnection(this.ctx, client);
+    const conn = new TcpConnection(this.ctx, client, nat);
     this.conns.add(conn);
     conn.start();
+  }
+
+  /**
+   * The PROXY v2 header for one accepted client: its address and port, and what it connected to.
+   * That is the accepted socket's local address, unless the portal NATed the connection to this
+   * proxy port: then the one portal the client can have connected to in its family, if the unit's
+   * portals leave no choice, else (node ports, several addresses) the local address still, the
+   * node's address and the proxy port. Undefined when the client is already gone.
+   */
+  private proxyHeader(client: Socket, nat: boolean): Uint8Array | undefined {
+    const sourceAddress = client.remoteAddress;
+    const sourcePort = client.remotePort;
+    let destinationAddress = client.localAddress;
+    let destinationPort = client.localPort;
+    if (sourceAddress === undefined || sourcePort === undefined || destinationAddress === undefined || destinationPort === undefined) return undefined;
+    if (nat) {
+      this.natDestinations ??= portalDestinations(this.portals);
+      const portal = this.natDestinations[client.remoteFamily === 'IPv6' ? 6 : 4];
+      if (portal !== undefined) {
+        destinationAddress = portal.host;
+        destinationPort = portal.port;
+      }
+    }
+    try {
+      return proxyV2Header({ sourceAddress, sourcePort, destinationAddress, destinationPort });
+    } catch (err) {
+      // The kernel's addresses did not encode: a bug, said at most once a second.
+      const suppressed = (this.bugLines ??= new RateLimiter(1000, systemClock.now)).take();
+      if (suppressed !== undefined) this.log.error({ err, suppressed }, 'bug: cannot encode the PROXY protocol header: connection reset');
+      return undefined;
+    }
   }
 
   /** Within both bounds, and only while the Service asks for it: otherwise reset at once, as ever. */
