@@ -8,8 +8,7 @@ import { findTools, missingLine, type Tools } from '../bench/lib/tools.js';
 import { DirectDialer } from '../src/io/net/direct-dialer.js';
 import { TcpProxySocket } from '../src/io/net/tcp-proxy.js';
 import { FakeBalancer } from './helpers/fake-balancer.js';
-import { freePort } from './helpers/net.js';
-import { captureLogger, withDeadline } from './helpers/proxy-fixtures.js';
+import { captureLogger, closedTcpPort, withDeadline } from './helpers/proxy-fixtures.js';
 
 /**
  * PROXY protocol v2 read by real servers that parse it, each answering with the client address it
@@ -169,7 +168,7 @@ describe('nginx stream, listen ... proxy_protocol', () => {
       if (family === 6 && !ipv6) t.skip('::1 cannot be bound here');
       const host = family === 4 ? '127.0.0.1' : '::1';
       const serverHost = family === 4 ? '127.0.23.1' : '::1';
-      const serverPort = await freePort(serverHost);
+      const serverPort = await closedTcpPort(serverHost); // free a moment ago: the server binds it
       const dir = tempDir();
       writeFileSync(join(dir, 'nginx.conf'), nginxConf(dir, tools.found['nginx-stream'] as string, family === 4 ? `${serverHost}:${serverPort}` : `[::1]:${serverPort}`));
       const child = run(tools.found.nginx as string, ['-p', dir, '-c', join(dir, 'nginx.conf'), '-e', join(dir, 'error.log')], join(dir, 'out.log'));
@@ -188,7 +187,7 @@ describe('HAProxy, bind ... accept-proxy', () => {
       if (family === 6 && !ipv6) t.skip('::1 cannot be bound here');
       const host = family === 4 ? '127.0.0.1' : '::1';
       const serverHost = family === 4 ? '127.0.23.2' : '::1';
-      const serverPort = await freePort(serverHost);
+      const serverPort = await closedTcpPort(serverHost); // free a moment ago: the server binds it
       const dir = tempDir();
       const cfg = join(dir, 'haproxy.cfg');
       writeFileSync(cfg, haproxyConf(family === 4 ? `${serverHost}:${serverPort}` : `ipv6@::1:${serverPort}`));
