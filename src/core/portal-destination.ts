@@ -27,6 +27,6 @@ export function portalDestinations(portals: readonly PortalAddress[]): PortalDes
     byFamily.set(family, list);
   }
   const out: PortalDestinations = {};
-  for (const [family, list] of byFamily) if (list.length === 1) out[family] = list[0] as HostPort;
+  for (const [family, list] of byFamily) if (list.length === 1) out[family] = list[0];
   return out;
 }
