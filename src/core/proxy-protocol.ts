@@ -18,6 +18,8 @@ import { ProxyError } from './errors.js';
  */
 
 export const PROXY_V2_SIGNATURE: readonly number[] = [0x0d, 0x0a, 0x0d, 0x0a, 0x00, 0x0d, 0x0a, 0x51, 0x55, 0x49, 0x54, 0x0a];
+/** The same as a typed array: set() copies it as one block. */
+const SIGNATURE_BYTES = Uint8Array.from(PROXY_V2_SIGNATURE);
 const VERSION_2_PROXY = 0x21;
 const TCP_OVER_IPV4 = 0x11;
 const TCP_OVER_IPV6 = 0x21;
@@ -49,7 +51,7 @@ export function proxyV2Header(c: ProxiedConnection): Uint8Array {
   checkPort(c.destinationPort);
   const v4 = src.length === 4 && dst.length === 4;
   const out = new Uint8Array(v4 ? PROXY_V2_IPV4_LENGTH : PROXY_V2_IPV6_LENGTH);
-  out.set(PROXY_V2_SIGNATURE);
+  out.set(SIGNATURE_BYTES);
   out[12] = VERSION_2_PROXY;
   out[13] = v4 ? TCP_OVER_IPV4 : TCP_OVER_IPV6;
   out[15] = v4 ? 12 : 36; // out[14], the length's high byte, stays 0

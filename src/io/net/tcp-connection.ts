@@ -6,6 +6,19 @@ import type { Logger } from '../../seams/logger.js';
 import { isEarlyFailure, type Dialer, type DialRequest, type EarlyFailure, type Upstream } from '../../seams/dialer.js';
 import { dialFailureReason, isEndpointFault, isOutOfDescriptors } from './errno.js';
 
+/**
+ * Where the clients of one listener connected, as far as the listener knows without asking the
+ * kernel per connection: the address it is bound to, or the Service portal a NAT rule sends there
+ * from; `host` undefined when only the accepted socket can say (a wildcard listener, or a proxy
+ * port several portals lead to). Filled in once the listener is bound.
+ */
+export interface ListenerDestination {
+  host: string | undefined;
+  port: number;
+}
+
+const UNKNOWN_DESTINATION: ListenerDestination = { host: undefined, port: 0 };
+
 /** What the connections of one service port share; built once by their TcpProxySocket. */
 export interface TcpConnectionContext {
   readonly balancer: LoadBalancer;
@@ -34,10 +47,11 @@ export interface TcpConnectionContext {
    */
   proxyProtocol: boolean;
   /**
-   * The header for this client (`nat`: accepted on a proxy port the portal NATs to); undefined
-   * when the client is gone or the header cannot be made: then the connection is reset.
+   * The header for this client, `to` being what it connected to when its listener knows (else the
+   * socket's local address); undefined when the client is gone or the header cannot be made: then
+   * the connection is reset.
    */
-  proxyHeader(client: Socket, nat: boolean): Uint8Array | undefined;
+  proxyHeader(client: Socket, to: ListenerDestination): Uint8Array | undefined;
 }
 
 /**
@@ -123,8 +137,8 @@ export class TcpConnection {
   constructor(
     private readonly ctx: TcpConnectionContext,
     private readonly client: Socket,
-    /** Accepted on a proxy port the portal NATs to (for the PROXY header's destination). */
-    private readonly nat = false,
+    /** What its listener knows of where the client connected (the PROXY header's destination). */
+    private readonly to: ListenerDestination = UNKNOWN_DESTINATION,
   ) {}
 
   /**
@@ -147,7 +161,7 @@ export class TcpConnection {
     }
     if (ctx.proxyProtocol) {
       // At accept, while the socket still knows both of its addresses (a held client may close).
-      this.header = ctx.proxyHeader(client, this.nat);
+      this.header = ctx.proxyHeader(client, this.to);
       if (this.header === undefined) {
         this.end();
         return;

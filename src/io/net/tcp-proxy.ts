@@ -10,7 +10,7 @@ import { hostPort } from '../../core/address.js';
 import type { BoundAddress, ListenAddress, ProxySocket } from '../../seams/proxy-socket.js';
 import { systemClock } from '../../core/clock.js';
 import { RateLimiter } from '../../core/rate-limiter.js';
-import { TcpConnection, type TcpConnectionContext } from './tcp-connection.js';
+import { TcpConnection, type ListenerDestination, type TcpConnectionContext } from './tcp-connection.js';
 import { HoldBudget } from './hold-budget.js';
 import type { ProxyUnit } from '../../core/units.js';
 import type { PortalAddress } from '../../core/model.js';
@@ -117,7 +117,7 @@ export class TcpProxySocket implements ProxySocket {
       hold: (conn) => this.hold(conn),
       holdEnded: (conn) => this.holdEnded(conn),
       proxyProtocol: opts.proxyProtocol ?? false,
-      proxyHeader: (client, nat) => this.proxyHeader(client, nat),
+      proxyHeader: (client, to) => this.proxyHeader(client, to),
     };
   }
 
@@ -134,8 +134,8 @@ export class TcpProxySocket implements ProxySocket {
     // pauseOnConnect: nothing is read from the client until its endpoint is connected, so bytes wait
     // in the kernel during the dial instead of piling up in memory.
     const server = createServer({ allowHalfOpen: true, pauseOnConnect: true, noDelay: true });
-    const nat = addr.nat === true;
-    server.on('connection', (client) => this.accept(client, nat));
+    const to: ListenerDestination = { host: undefined, port: 0 };
+    server.on('connection', (client) => this.accept(client, to));
     return new Promise((resolve, reject) => {
       server.once('error', reject);
       // ipv6Only: a listener on :: must not also take the IPv4 port, which another listener may hold.
@@ -146,6 +146,7 @@ export class TcpProxySocket implements ProxySocket {
         // the getsockname() round trip, which is a few percent of start-up at 10,000 service ports.
         const info = addr.port !== 0 && isIPv4(addr.host) ? undefined : (server.address() as AddressInfo);
         const bound = info ? { host: info.address, port: info.port } : { host: addr.host, port: addr.port };
+        Object.assign(to, this.destinationOf(bound, addr.nat === true));
         server.on('error', (err) => this.onListenerError(err, bound));
         this.listeners.set(hostPort(bound), { server, bound });
         resolve(bound);
@@ -227,35 +228,43 @@ export class TcpProxySocket implements ProxySocket {
     for (const conn of this.conns) conn.sweepIdle(nowMs, this.idleTimeoutMs);
   }
 
-  private accept(client: Socket, nat: boolean): void {
+  private accept(client: Socket, to: ListenerDestination): void {
     this.stats.accepted++;
     this.stats.active++;
-    const conn = new TcpConnection(this.ctx, client, nat);
+    const conn = new TcpConnection(this.ctx, client, to);
     this.conns.add(conn);
     conn.start();
   }
 
   /**
-   * The PROXY v2 header for one accepted client: its address and port, and what it connected to.
-   * That is the accepted socket's local address, unless the portal NATed the connection to this
-   * proxy port: then the one portal the client can have connected to in its family, if the unit's
-   * portals leave no choice, else (node ports, several addresses) the local address still, the
-   * node's address and the proxy port. Undefined when the client is already gone.
+   * Where the clients of a listener connected, for PROXY headers: the address it is bound to, or,
+   * when the portal NATs to it (a proxy port), the one portal of its family the client can have
+   * connected to, if the unit's portals leave no choice. Unknown for a wildcard listener and for a
+   * proxy port several portals lead to (node ports, several addresses): then each connection's
+   * local address is read (for a proxy port, the node's address and the proxy port).
    */
-  private proxyHeader(client: Socket, nat: boolean): Uint8Array | undefined {
-    const sourceAddress = client.remoteAddress;
-    const sourcePort = client.remotePort;
-    let destinationAddress = client.localAddress;
-    let destinationPort = client.localPort;
-    if (sourceAddress === undefined || sourcePort === undefined || destinationAddress === undefined || destinationPort === undefined) return undefined;
+  private destinationOf(bound: BoundAddress, nat: boolean): ListenerDestination {
+    const family = bound.host.includes(':') ? 6 : 4;
     if (nat) {
       this.natDestinations ??= portalDestinations(this.portals);
-      const portal = this.natDestinations[client.remoteFamily === 'IPv6' ? 6 : 4];
-      if (portal !== undefined) {
-        destinationAddress = portal.host;
-        destinationPort = portal.port;
-      }
+      const portal = this.natDestinations[family];
+      return portal === undefined ? { host: undefined, port: 0 } : { host: portal.host, port: portal.port };
     }
+    const wildcard = bound.host === '0.0.0.0' || bound.host === '::' || bound.host === '';
+    return wildcard ? { host: undefined, port: 0 } : { host: bound.host, port: bound.port };
+  }
+
+  /**
+   * The PROXY v2 header for one accepted client: its address and port, and what it connected to
+   * (`to`, else the socket's local address). Undefined when the client is already gone.
+   */
+  private proxyHeader(client: Socket, to: ListenerDestination): Uint8Array | undefined {
+    const sourceAddress = client.remoteAddress;
+    const sourcePort = client.remotePort;
+    // getsockname() only when the listener cannot tell.
+    const destinationAddress = to.host ?? client.localAddress;
+    const destinationPort = to.host === undefined ? client.localPort : to.port;
+    if (sourceAddress === undefined || sourcePort === undefined || destinationAddress === undefined || destinationPort === undefined) return undefined;
     try {
       return proxyV2Header({ sourceAddress, sourcePort, destinationAddress, destinationPort });
     } catch (err) {
