@@ -51,6 +51,7 @@ export function proxySocketFactory(settings: ProxySocketSettings, logger: Logger
     if (unit.protocol === 'UDP') {
       return new UdpProxySocket({ name: unit.id, balancer, logger, stats, idleTimeoutMs: settings.udpIdleTimeoutMs, maxSessions: settings.maxUdpSessions, receiveBuffers, reusePort, ...hold });
     }
-    return new TcpProxySocket({ name: unit.id, balancer, dialer, logger, stats, reusePort, keepAliveMs: settings.tcpKeepAliveMs, idleTimeoutMs: settings.tcpIdleTimeoutMs, holdBudget, ...dialTimeouts, ...hold });
+    const proxyProtocol = unit.proxyProtocol !== undefined;
+    return new TcpProxySocket({ name: unit.id, balancer, dialer, logger, stats, reusePort, keepAliveMs: settings.tcpKeepAliveMs, idleTimeoutMs: settings.tcpIdleTimeoutMs, holdBudget, proxyProtocol, portals: unit.portals, ...dialTimeouts, ...hold });
   };
 }

@@ -1,6 +1,6 @@
 import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
 import { afterEach, describe, expect, it } from 'vitest';
-import { HOLD_WHEN_EMPTY_ANNOTATION, LOAD_BALANCER_ANNOTATION, serviceAnnotations } from '../src/core/annotations.js';
+import { HOLD_WHEN_EMPTY_ANNOTATION, LOAD_BALANCER_ANNOTATION, PROXY_PROTOCOL_ANNOTATION, serviceAnnotations } from '../src/core/annotations.js';
 import { RoundRobinBalancer } from '../src/core/balancer/round-robin.js';
 import { systemClock } from '../src/core/clock.js';
 import { planService } from '../src/core/plan.js';
@@ -36,6 +36,17 @@ describe('annotations under kube-userspace-proxy.io/', () => {
     expect(plan.units.map((u) => [u.loadBalancer, u.holdWhenEmptyMs])).toEqual([['least-connections', 30_000], ['least-connections', 30_000]]);
   });
 
+  it('parses proxy-protocol v2 for the TCP ports only: UDP is relayed as ever', () => {
+    const { ports, notices } = translateService(web({ [PROXY_PROTOCOL_ANNOTATION]: ' v2 ' }), []);
+    expect(notices).toEqual([]);
+    expect(ports.map((p) => [p.key, p.proxyProtocol])).toEqual([
+      ['default/web:http', 'v2'],
+      ['default/web:dns', undefined],
+    ]);
+    const plan = planService('default/web', web({ [PROXY_PROTOCOL_ANNOTATION]: 'v2' }), [], { name: 'n' });
+    expect(plan.units.map((u) => [u.protocol, u.proxyProtocol])).toEqual([['TCP', 'v2'], ['UDP', undefined]]);
+  });
+
   it('leaves the model as before when absent, round-robin or zero', () => {
     for (const a of [{}, { [LOAD_BALANCER_ANNOTATION]: 'round-robin', [HOLD_WHEN_EMPTY_ANNOTATION]: '0s' }]) {
       const { ports, notices } = translateService(web(a), []);
@@ -50,13 +61,16 @@ describe('annotations under kube-userspace-proxy.io/', () => {
     [{ [HOLD_WHEN_EMPTY_ANNOTATION]: '30' }, `metadata.annotations["${HOLD_WHEN_EMPTY_ANNOTATION}"]: "30" is not a duration (a Go duration such as 30s or 2m); connections are not held`],
     [{ [HOLD_WHEN_EMPTY_ANNOTATION]: '1h' }, `metadata.annotations["${HOLD_WHEN_EMPTY_ANNOTATION}"]: "1h" is longer than the most a connection may be held (5m); connections are not held`],
     [{ [HOLD_WHEN_EMPTY_ANNOTATION]: 30 }, `metadata.annotations["${HOLD_WHEN_EMPTY_ANNOTATION}"]: must be a string; ignored`],
-    [{ 'kube-userspace-proxy.io/hold-when-emtpy': '30s' }, 'metadata.annotations["kube-userspace-proxy.io/hold-when-emtpy"]: unknown annotation; known under kube-userspace-proxy.io/: load-balancer, hold-when-empty'],
+    [{ 'kube-userspace-proxy.io/hold-when-emtpy': '30s' }, 'metadata.annotations["kube-userspace-proxy.io/hold-when-emtpy"]: unknown annotation; known under kube-userspace-proxy.io/: load-balancer, hold-when-empty, proxy-protocol'],
+    [{ [PROXY_PROTOCOL_ANNOTATION]: 'v1' }, `metadata.annotations["${PROXY_PROTOCOL_ANNOTATION}"]: "v1" is not one of v2; no PROXY protocol header is sent`],
+    [{ [PROXY_PROTOCOL_ANNOTATION]: 'true' }, `metadata.annotations["${PROXY_PROTOCOL_ANNOTATION}"]: "true" is not one of v2; no PROXY protocol header is sent`],
   ])('reports a bad value once, naming the annotation, and serves as if absent: %j', (annotations, notice) => {
     const { ports, notices } = translateService(web(annotations), []);
     expect(notices).toEqual([notice]);
     expect(ports).toHaveLength(2);
     expect(ports[0]).not.toHaveProperty('loadBalancer');
     expect(ports[0]).not.toHaveProperty('holdWhenEmptyMs');
+    expect(ports[0]).not.toHaveProperty('proxyProtocol');
     expect(serviceAnnotations(web(annotations)).notices).toEqual([notice]);
   });
 

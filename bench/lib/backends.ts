@@ -49,7 +49,7 @@ export async function startBackends(ctx: Context, wanted: ReadonlySet<BenchServi
     let started: Started;
     switch (service) {
       case 'http':
-        writeFileSync(join(dir, 'nginx.conf'), nginxBackendConf(dir, isRoot()));
+        writeFileSync(join(dir, 'nginx.conf'), nginxBackendConf(dir, isRoot(), ctx.options.proxyProtocol));
         started = ctx.procs.start('nginx backend', path(ctx.tools, 'nginx'), ['-p', dir, '-c', join(dir, 'nginx.conf'), '-e', join(dir, 'error.log')], { cpu, logFile });
         break;
       case 'iperf':

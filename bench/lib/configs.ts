@@ -23,9 +23,10 @@ function nginxHead(dir: string, module: string | undefined, asRoot: boolean, wor
 
 /**
  * The HTTP backend: a 3-byte answer on the bench port (keep-alive for as long as a run lasts), and
- * the endpoint-move probe, which answers `A` on one address and `B` on the other.
+ * the endpoint-move probe, which answers `A` on one address and `B` on the other. With
+ * `proxyProtocol`, the bench port expects a PROXY protocol header first (nginx reads v1 and v2).
  */
-export function nginxBackendConf(dir: string, asRoot: boolean): string {
+export function nginxBackendConf(dir: string, asRoot: boolean, proxyProtocol = false): string {
   return `${nginxHead(dir, undefined, asRoot)}
 http {
   access_log off;
@@ -36,7 +37,7 @@ http {
   scgi_temp_path ${dir}/scgi;
   keepalive_requests 100000000;
   keepalive_timeout 600s;
-  server { listen ${BACKEND_HOST}:${SERVICES.http.port} backlog=4096; location / { return 200 "ok\\n"; } }
+  server { listen ${BACKEND_HOST}:${SERVICES.http.port} backlog=4096${proxyProtocol ? ' proxy_protocol' : ''}; location / { return 200 "ok\\n"; } }
   server { listen ${BACKEND_HOST}:${PROBE_PORT} backlog=4096; location / { return 200 "A"; } }
   server { listen ${MOVED_HOST}:${PROBE_PORT} backlog=4096; location / { return 200 "B"; } }
 }
@@ -46,14 +47,17 @@ http {
 /**
  * nginx's stream proxy, one worker, as a user would write it for TCP and UDP. UDP is left at the
  * defaults (a session per client address, ended by proxy_timeout), which is the same shape as the
- * proxy's sessions; `proxy_responses 1` would add a session per datagram.
+ * proxy's sessions; `proxy_responses 1` would add a session per datagram. With `proxyProtocol`,
+ * each TCP connection to the backend begins with a PROXY header (nginx sends version 1, the text
+ * one: it has no v2 sender), so nginx does the same work as the proxy with the annotation.
  */
-export function nginxStreamConf(dir: string, module: string, asRoot: boolean, host: string, services: readonly BenchService[], workers = 1): string {
+export function nginxStreamConf(dir: string, module: string, asRoot: boolean, host: string, services: readonly BenchService[], workers = 1, proxyProtocol = false): string {
   // Several workers each listen with SO_REUSEPORT, as the proxy's --workers do.
   const reuse = workers > 1 ? ' reuseport' : '';
   const servers = services.map((s) => {
     const { port, protocol } = SERVICES[s];
-    return `  server { listen ${host}:${port}${protocol === 'UDP' ? ' udp' : ' backlog=4096'}${reuse}; proxy_pass ${BACKEND_HOST}:${port}; }`;
+    const header = proxyProtocol && protocol === 'TCP' ? ' proxy_protocol on;' : '';
+    return `  server { listen ${host}:${port}${protocol === 'UDP' ? ' udp' : ' backlog=4096'}${reuse}; proxy_pass ${BACKEND_HOST}:${port};${header} }`;
   });
   return `${nginxHead(dir, module, asRoot, workers)}
 stream {
@@ -65,9 +69,10 @@ ${servers.join('\n')}
 
 /**
  * HAProxy in TCP mode, one thread. maxconn is what the 20,000-descriptor limit allows (HAProxy
- * asks for two descriptors per connection plus a few). HAProxy 2.6 does not proxy UDP.
+ * asks for two descriptors per connection plus a few). HAProxy 2.6 does not proxy UDP. With
+ * `proxyProtocol`, each connection to the backend begins with a PROXY v2 header (send-proxy-v2).
  */
-export function haproxyConf(host: string, services: readonly BenchService[], threads = 1): string {
+export function haproxyConf(host: string, services: readonly BenchService[], threads = 1, proxyProtocol = false): string {
   const blocks = services
     .filter((s) => SERVICES[s].protocol === 'TCP')
     .map((s) => {
@@ -76,7 +81,7 @@ export function haproxyConf(host: string, services: readonly BenchService[], thr
   bind ${host}:${port}
   default_backend be_${s}
 backend be_${s}
-  server s1 ${BACKEND_HOST}:${port}`;
+  server s1 ${BACKEND_HOST}:${port}${proxyProtocol ? ' send-proxy-v2' : ''}`;
     });
   return `global
   nbthread ${threads}

@@ -1,5 +1,6 @@
 import { availableParallelism } from 'node:os';
 import { parseArgs } from 'node:util';
+import { PROXY_PROTOCOL_ANNOTATION } from '../../src/core/annotations.js';
 import { SYSTEM_IDS, type SystemId } from './plan.js';
 
 export const LOAD_WORKLOADS = ['tcp-bulk', 'tcp-bulk-down', 'http-keepalive', 'http-close', 'udp-pingpong', 'dns'] as const;
@@ -42,6 +43,11 @@ export interface Options {
   proxyArgs: string[];
   /** Annotations on the benchmark Service, NAME=VALUE (--service-annotation=kube-userspace-proxy.io/load-balancer=least-connections). */
   serviceAnnotations: string[];
+  /**
+   * The benchmark Service asks for PROXY protocol v2 (--service-annotation=kube-userspace-proxy.io/proxy-protocol=v2):
+   * the HTTP backend then expects a header, and nginx stream and HAProxy send one too.
+   */
+  proxyProtocol: boolean;
   /** Flags for node before the proxy's script (--node-arg=--max-semi-space-size=16). */
   nodeArgs: string[];
   /** Environment for the proxy process, NAME=VALUE (--proxy-env=MALLOC_TRIM_THRESHOLD_=268435456). */
@@ -82,7 +88,9 @@ export const USAGE = `usage: node dist/bench/run.js [options]   (npm run bench)
   --proxy-arg=FLAG      pass FLAG to the proxy CLI (repeatable), e.g. --proxy-arg=--log-level=warn
   --service-annotation=NAME=VALUE
                         annotate the benchmark Service (repeatable), e.g.
-                        --service-annotation=kube-userspace-proxy.io/load-balancer=least-connections
+                        --service-annotation=kube-userspace-proxy.io/load-balancer=least-connections;
+                        with kube-userspace-proxy.io/proxy-protocol=v2 the HTTP backend expects a
+                        PROXY header and nginx stream and HAProxy send one too (HTTP workloads only)
   --node-arg=FLAG       pass FLAG to node before the proxy's script (repeatable)
   --proxy-env=NAME=VAL  set an environment variable for the proxy process (repeatable)
   --proxy-main FILE     run this build of the proxy CLI instead (compare before/after a change)
@@ -180,6 +188,7 @@ export function parseOptions(argv: readonly string[], defaultOutDir: string): Op
     profile: values.profile ?? false,
     proxyArgs: values['proxy-arg'] ?? [],
     serviceAnnotations: values['service-annotation'] ?? [],
+    proxyProtocol: (values['service-annotation'] ?? []).some((a) => a.startsWith(`${PROXY_PROTOCOL_ANNOTATION}=`)),
     nodeArgs: values['node-arg'] ?? [],
     proxyEnv: values['proxy-env'] ?? [],
     proxyMain: values['proxy-main'],
@@ -191,6 +200,12 @@ export function parseOptions(argv: readonly string[], defaultOutDir: string): Op
   if (Math.max(...o.scalePorts, o.movePorts) > 254 * 254) throw new Error(`--scale/--move-ports: at most ${254 * 254} service ports`);
   if (Math.max(...o.iptablesServices) > 20_000) throw new Error('--iptables-scale: at most 20000 Services');
   for (const a of o.serviceAnnotations) if (!/^[^=]+=/.test(a)) throw new Error(`--service-annotation: "${a}" is not NAME=VALUE`);
+  if (o.proxyProtocol) {
+    // Only the HTTP backend reads the header: iperf3, sockperf and dnsmasq would take it for data,
+    // and the direct system, which reaches the backend without a proxy, would send none.
+    const others = [...o.workloads.filter((w) => w !== 'http-close' && w !== 'http-keepalive'), ...o.systems.filter((s) => s === 'direct')];
+    if (others.length > 0) throw new Error(`--service-annotation=${PROXY_PROTOCOL_ANNOTATION}=...: the HTTP workloads only, and not the direct system (--only http-close,http-keepalive --systems proxy,nginx,haproxy); not: ${others.join(', ')}`);
+  }
   for (const e of o.proxyEnv) if (!/^[A-Za-z_][A-Za-z0-9_]*=/.test(e)) throw new Error(`--proxy-env: "${e}" is not NAME=VALUE`);
   const shared = cpusOf(o.proxyCpus).filter((c) => cpusOf(o.loadCpus).includes(c));
   if (o.pin && o.workers === 1 && shared.length > 0) throw new Error('--proxy-cpu and --load-cpu must not share a core (or give --no-pin, or --workers N to measure the whole machine)');

@@ -126,7 +126,7 @@ async function startHaproxy(ctx: Context): Promise<System> {
   mkdirSync(dir, { recursive: true });
   const tcp = servicesOver(new Set(['TCP']));
   ensureFree(HAPROXY_HOST, tcp);
-  writeFileSync(join(dir, 'haproxy.cfg'), haproxyConf(HAPROXY_HOST, tcp, ctx.options.workers));
+  writeFileSync(join(dir, 'haproxy.cfg'), haproxyConf(HAPROXY_HOST, tcp, ctx.options.workers, ctx.options.proxyProtocol));
   const started = ctx.procs.start('haproxy', path(ctx.tools, 'haproxy'), ['-f', join(dir, 'haproxy.cfg'), '-db'], { cpu: ctx.pin.proxyCpus, logFile: join(dir, 'out.log') });
   await waitBound(started, HAPROXY_HOST, tcp);
   return fromProcess('haproxy', HAPROXY_HOST, new Set(['TCP']), started);
@@ -137,7 +137,7 @@ async function startNginxStream(ctx: Context): Promise<System> {
   mkdirSync(dir, { recursive: true });
   const all = servicesOver(new Set(['TCP', 'UDP']));
   ensureFree(NGINX_STREAM_HOST, all);
-  writeFileSync(join(dir, 'nginx.conf'), nginxStreamConf(dir, path(ctx.tools, 'nginx-stream'), isRoot(), NGINX_STREAM_HOST, all, ctx.options.workers));
+  writeFileSync(join(dir, 'nginx.conf'), nginxStreamConf(dir, path(ctx.tools, 'nginx-stream'), isRoot(), NGINX_STREAM_HOST, all, ctx.options.workers, ctx.options.proxyProtocol));
   const started = ctx.procs.start('nginx stream', path(ctx.tools, 'nginx'), ['-p', dir, '-c', join(dir, 'nginx.conf'), '-e', join(dir, 'error.log')], { cpu: ctx.pin.proxyCpus, logFile: join(dir, 'out.log') });
   await waitBound(started, NGINX_STREAM_HOST, all);
   return fromProcess('nginx', NGINX_STREAM_HOST, new Set(['TCP', 'UDP']), started);

@@ -1,6 +1,6 @@
 import type { V1Service } from '@kubernetes/client-node';
 import { parseDuration } from './duration.js';
-import type { BalancerAlgorithm } from './model.js';
+import type { BalancerAlgorithm, ProxyProtocolVersion } from './model.js';
 
 /**
  * The per-Service settings only a userspace proxy can offer, as annotations under one prefix.
@@ -11,9 +11,12 @@ import type { BalancerAlgorithm } from './model.js';
 export const ANNOTATION_PREFIX = 'kube-userspace-proxy.io/';
 export const LOAD_BALANCER_ANNOTATION = `${ANNOTATION_PREFIX}load-balancer`;
 export const HOLD_WHEN_EMPTY_ANNOTATION = `${ANNOTATION_PREFIX}hold-when-empty`;
+export const PROXY_PROTOCOL_ANNOTATION = `${ANNOTATION_PREFIX}proxy-protocol`;
 
 const ALGORITHMS: readonly BalancerAlgorithm[] = ['round-robin', 'least-connections'];
-const KNOWN = new Set([LOAD_BALANCER_ANNOTATION, HOLD_WHEN_EMPTY_ANNOTATION]);
+const KNOWN = new Set([LOAD_BALANCER_ANNOTATION, HOLD_WHEN_EMPTY_ANNOTATION, PROXY_PROTOCOL_ANNOTATION]);
+/** The PROXY protocol versions sent: the binary one, which servers parse without scanning text. */
+const PROXY_PROTOCOL_VERSIONS: readonly ProxyProtocolVersion[] = ['v2'];
 
 /**
  * The longest a connection may be held waiting for endpoints. Clients and the load balancers in
@@ -27,6 +30,8 @@ export interface ServiceAnnotations {
   loadBalancer?: BalancerAlgorithm;
   /** Absent: a connection to a port without endpoints is reset at once. */
   holdWhenEmptyMs?: number;
+  /** Absent: TCP connections reach the endpoints as the client's bytes alone. */
+  proxyProtocol?: ProxyProtocolVersion;
   /** One line per bad value or unknown name, without the Service's name (the caller adds it). */
   notices: string[];
 }
@@ -46,7 +51,8 @@ export function serviceAnnotations(svc: V1Service): ServiceAnnotations {
       continue;
     }
     if (name === LOAD_BALANCER_ANNOTATION) loadBalancer(value, at, out);
-    else holdWhenEmpty(value, at, out);
+    else if (name === HOLD_WHEN_EMPTY_ANNOTATION) holdWhenEmpty(value, at, out);
+    else proxyProtocol(value, at, out);
   }
   return out;
 }
@@ -73,4 +79,13 @@ function holdWhenEmpty(value: string, at: string, out: ServiceAnnotations): void
     return;
   }
   if (ms > 0) out.holdWhenEmptyMs = ms;
+}
+
+function proxyProtocol(value: string, at: string, out: ServiceAnnotations): void {
+  const v = value.trim();
+  if (!(PROXY_PROTOCOL_VERSIONS as readonly string[]).includes(v)) {
+    out.notices.push(`${at}: ${JSON.stringify(value)} is not one of ${PROXY_PROTOCOL_VERSIONS.join(', ')}; no PROXY protocol header is sent`);
+    return;
+  }
+  out.proxyProtocol = v as ProxyProtocolVersion;
 }

@@ -11,6 +11,9 @@ export type AffinityType = 'None' | 'ClientIP';
 /** How a balancer picks among usable endpoints (annotation `kube-userspace-proxy.io/load-balancer`). */
 export type BalancerAlgorithm = 'round-robin' | 'least-connections';
 
+/** The PROXY protocol versions a TCP connection to the endpoints may begin with. */
+export type ProxyProtocolVersion = 'v2';
+
 /** Upstream's ServicePortName: a Service's port, named `namespace/name:portName`. */
 export interface ServicePortName {
   namespace: string;
@@ -104,6 +107,8 @@ export interface ServicePort {
   loadBalancer?: BalancerAlgorithm;
   /** `kube-userspace-proxy.io/hold-when-empty` in ms, when set and above 0. */
   holdWhenEmptyMs?: number;
+  /** `kube-userspace-proxy.io/proxy-protocol`, when set (TCP ports only: UDP is relayed as ever). */
+  proxyProtocol?: ProxyProtocolVersion;
   /** Trigger time of the newest change (EndpointSlice annotation `endpoints.kubernetes.io/last-change-trigger-time`), ms since epoch. */
   lastChangeTriggerTime?: number;
 }

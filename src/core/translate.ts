@@ -64,6 +64,8 @@ export function translateService(svc: V1Service, slices: readonly V1EndpointSlic
     if (triggerTime !== undefined) sp.lastChangeTriggerTime = triggerTime;
     if (annotations.loadBalancer !== undefined) sp.loadBalancer = annotations.loadBalancer;
     if (annotations.holdWhenEmptyMs !== undefined) sp.holdWhenEmptyMs = annotations.holdWhenEmptyMs;
+    // A header in front of a datagram is not something UDP servers expect: TCP ports only.
+    if (annotations.proxyProtocol !== undefined && protocol === 'TCP') sp.proxyProtocol = annotations.proxyProtocol;
     ports.push(sp);
   }
   return { ports, notices };

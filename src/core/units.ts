@@ -1,6 +1,6 @@
 import { isDeepStrictEqual } from 'node:util';
 import { namespacedName } from './object-key.js';
-import type { AffinityPolicy, BalancerAlgorithm, Endpoint, PortalAddress, Protocol, ServicePort } from './model.js';
+import type { AffinityPolicy, BalancerAlgorithm, Endpoint, PortalAddress, Protocol, ProxyProtocolVersion, ServicePort } from './model.js';
 
 /**
  * A proxy unit is what the proxier runs: one balancer and one set of listeners for the portals
@@ -26,6 +26,8 @@ export interface ProxyUnit {
   loadBalancer?: BalancerAlgorithm;
   /** Hold connections this long while there are no endpoints; absent: reset them at once. */
   holdWhenEmptyMs?: number;
+  /** Begin every TCP connection to the endpoints with a PROXY protocol header; absent: none. */
+  proxyProtocol?: ProxyProtocolVersion;
   /** Endpoints of the port the dialer cannot reach (core/reach.ts), with why; absent when none. */
   unreachable?: Array<{ endpoint: string; reason: string }>;
 }
@@ -48,7 +50,7 @@ export function externalPortals(sp: ServicePort): PortalAddress[] {
 }
 
 export function planUnits(sp: ServicePort, sets: EndpointSets): ProxyUnit[] {
-  const base: Pick<ProxyUnit, 'servicePort' | 'service' | 'protocol' | 'affinity' | 'loadBalancer' | 'holdWhenEmptyMs'> = {
+  const base: Pick<ProxyUnit, 'servicePort' | 'service' | 'protocol' | 'affinity' | 'loadBalancer' | 'holdWhenEmptyMs' | 'proxyProtocol'> = {
     servicePort: sp.key,
     service: namespacedName(sp.name.namespace, sp.name.name),
     protocol: sp.protocol,
@@ -56,6 +58,7 @@ export function planUnits(sp: ServicePort, sets: EndpointSets): ProxyUnit[] {
   };
   if (sp.loadBalancer !== undefined) base.loadBalancer = sp.loadBalancer;
   if (sp.holdWhenEmptyMs !== undefined) base.holdWhenEmptyMs = sp.holdWhenEmptyMs;
+  if (sp.proxyProtocol !== undefined) base.proxyProtocol = sp.proxyProtocol;
   const external = externalPortals(sp);
   if (external.length === 0 || sp.internalTrafficPolicy === sp.externalTrafficPolicy) {
     return [{ ...base, id: sp.key, scope: 'all', portals: [...clusterPortals(sp), ...external], endpoints: sets.clusterEndpoints }];

@@ -311,7 +311,7 @@ export class LocalUnitSet implements UnitSet, AffinityShare, TcpHandOffs {
         // binds that same number, so the portal's rules for both families point at one port.
         l.bound = ru.proxyPort === undefined
           ? await this.bindProxyPort(ru, spec.host)
-          : await ru.socket.listen({ host: spec.host || this.opts.bindAddress, port: ru.proxyPort });
+          : await ru.socket.listen({ host: spec.host || this.opts.bindAddress, port: ru.proxyPort, nat: true });
       } else {
         l.bound = await ru.socket.listen({ host: spec.host, port: spec.port });
       }
@@ -338,7 +338,7 @@ export class LocalUnitSet implements UnitSet, AffinityShare, TcpHandOffs {
     for (let attempt = 0; ; attempt++) {
       const port = attempt === 0 && preferred !== undefined && this.opts.portAllocator.claim(preferred) ? preferred : this.opts.portAllocator.allocateNext();
       try {
-        const bound = await ru.socket.listen({ host: host || this.opts.bindAddress, port });
+        const bound = await ru.socket.listen({ host: host || this.opts.bindAddress, port, nat: true });
         ru.proxyPort = bound.port;
         this.boundProxyPorts.push({ id: ru.unit.id, port: bound.port });
         return bound;
@@ -365,7 +365,7 @@ export class LocalUnitSet implements UnitSet, AffinityShare, TcpHandOffs {
     if (port === 0) throw new ProxyError('STARTUP', 'no proxy port yet: the first worker could not bind one (see its error)');
     this.opts.portAllocator.markInUse(port);
     try {
-      const bound = await ru.socket.listen({ host: host || this.opts.bindAddress, port });
+      const bound = await ru.socket.listen({ host: host || this.opts.bindAddress, port, nat: true });
       ru.proxyPort = bound.port;
       return bound;
     } catch (err) {
@@ -433,6 +433,7 @@ function unitStatus(ru: RunningUnit): UnitStatus {
     loadBalancer: ru.unit.loadBalancer ?? 'round-robin',
     setAside: setAside(ru.balancer),
     ...(ru.unit.holdWhenEmptyMs === undefined ? {} : { holdWhenEmpty: formatDuration(ru.unit.holdWhenEmptyMs) }),
+    ...(ru.unit.proxyProtocol === undefined ? {} : { proxyProtocol: ru.unit.proxyProtocol }),
     held: ru.stats.held,
     active: ru.socket.active(),
     errors: ru.listeners.filter((l) => l.error).map((l) => l.error as string),

@@ -6,6 +6,11 @@ export interface ListenAddress {
   host: string;
   /** 0 lets the kernel pick. */
   port: number;
+  /**
+   * A proxy port the portal NATs the unit's portals to (iptables): its clients connected to a
+   * portal, not to this address. Absent: they connected to this very address.
+   */
+  nat?: boolean;
 }
 
 export interface BoundAddress {

@@ -86,6 +86,8 @@ export interface UnitStatus {
   setAside: Array<{ endpoint: string; until: string }>;
   /** How long a connection is held while there are no endpoints (a Go duration); absent when not held. */
   holdWhenEmpty?: string;
+  /** `v2` when TCP connections to the endpoints begin with a PROXY protocol header; absent when not. */
+  proxyProtocol?: string;
   /** TCP connections held, or UDP datagrams queued, for want of endpoints now. */
   held: number;
   active: number;

@@ -6,6 +6,19 @@ import type { Logger } from '../../seams/logger.js';
 import { isEarlyFailure, type Dialer, type DialRequest, type EarlyFailure, type Upstream } from '../../seams/dialer.js';
 import { dialFailureReason, isEndpointFault, isOutOfDescriptors } from './errno.js';
 
+/**
+ * Where the clients of one listener connected, as far as the listener knows without asking the
+ * kernel per connection: the address it is bound to, or the Service portal a NAT rule sends there
+ * from; `host` undefined when only the accepted socket can say (a wildcard listener, or a proxy
+ * port several portals lead to). Filled in once the listener is bound.
+ */
+export interface ListenerDestination {
+  host: string | undefined;
+  port: number;
+}
+
+export const UNKNOWN_DESTINATION: ListenerDestination = { host: undefined, port: 0 };
+
 /** What the connections of one service port share; built once by their TcpProxySocket. */
 export interface TcpConnectionContext {
   readonly balancer: LoadBalancer;
@@ -28,6 +41,17 @@ export interface TcpConnectionContext {
   hold(conn: TcpConnection): boolean;
   /** A held connection closed (cut by destroyAll): it is held no more. */
   holdEnded(conn: TcpConnection): void;
+  /**
+   * Begin each upstream with a PROXY protocol v2 header (the Service's annotation). Read once per
+   * connection, at accept: a change applies to the connections accepted after it.
+   */
+  proxyProtocol: boolean;
+  /**
+   * The header for this client, `to` being what it connected to when its listener knows (else the
+   * socket's local address); undefined when the client is gone or the header cannot be made: then
+   * the connection is reset.
+   */
+  proxyHeader(client: Socket, to: ListenerDestination): Uint8Array | undefined;
 }
 
 /**
@@ -58,7 +82,8 @@ export type TcpConnectionPhase = 'holding' | 'dialing' | 'relaying' | 'ending' |
  * of the dialed socket, the relay both ways with backpressure and half-close, and the release.
  *
  * This runs for every connection: no timer, no promise chain beyond the dialer's own, no
- * getpeername() unless a pick or a log line needs the address, and three listeners per direction.
+ * getpeername() unless a pick, a log line or a PROXY header needs the address, and three listeners
+ * per direction.
  */
 export class TcpConnection {
   private phase: TcpConnectionPhase = 'dialing';
@@ -102,6 +127,12 @@ export class TcpConnection {
   private idleMark = -1;
   private idleSinceMs = 0;
   private onread: OnReadOpts | undefined;
+  /**
+   * The PROXY protocol header every upstream of this connection begins with (made once, at
+   * accept: the client and what it connected to are the same for each); undefined when the
+   * Service does not ask for one.
+   */
+  private header: Uint8Array | undefined;
 
   /**
    * @param writtenBefore bytes written to the client before this connection took it over (a
@@ -111,6 +142,8 @@ export class TcpConnection {
   constructor(
     private readonly ctx: TcpConnectionContext,
     private readonly client: Socket,
+    /** What its listener knows of where the client connected (the PROXY header's destination). */
+    private readonly to: ListenerDestination = UNKNOWN_DESTINATION,
     private readonly writtenBefore = 0,
   ) {}
 
@@ -136,6 +169,14 @@ export class TcpConnection {
         return;
       }
       this.clientIP = ip;
+    }
+    if (ctx.proxyProtocol) {
+      // At accept, while the socket still knows both of its addresses (a held client may close).
+      this.header = ctx.proxyHeader(client, this.to);
+      if (this.header === undefined) {
+        this.end();
+        return;
+      }
     }
     const endpoint = ctx.balancer.nextEndpoint(this.clientIP, false);
     if (endpoint === undefined) {
@@ -344,8 +385,10 @@ export class TcpConnection {
     // Client to endpoint: 'data', with backpressure through pause() and the endpoint's 'drain'.
     upstream.on('drain', () => client.resume());
     if (!this.clientWired) this.wireClient();
-    let drained = true;
-    if (this.replay !== undefined) drained = this.writeReplay(upstream);
+    // The PROXY header first, on every upstream (a retry's too), before any byte of the client's:
+    // they wait in the kernel or in the replay until here.
+    let drained = this.header === undefined || upstream.write(this.header);
+    if (this.replay !== undefined) drained = this.writeReplay(upstream) && drained;
     if (drained) client.resume();
     // Endpoint to client: the reads already reach the client (fromEndpoint); what is left is the
     // other half of backpressure and the FIN, each caught up with if it came before the hand-over.
@@ -453,7 +496,9 @@ export class TcpConnection {
   private redial(failed: Upstream, err: EarlyFailure): void {
     this.phase = 'dialing';
     this.client.pause();
-    this.replay = [...err.unsent, ...(this.replay ?? [])];
+    // The failed upstream's header is not the client's: the next upstream is sent its own.
+    const unsent = this.header === undefined ? err.unsent : dropFirstBytes(err.unsent, this.header.length);
+    this.replay = [...unsent, ...(this.replay ?? [])];
     // Its 'close' no longer concerns the connection (onUpstreamClose checks which upstream).
     this.upstream = undefined;
     this.upstreamClosed = true;
@@ -536,6 +581,25 @@ class ClientDial implements DialRequest {
  * connection would spare the copy but cost 64 KiB for every idle connection.)
  */
 const sharedReadBuffer = new Uint8Array(64 * 1024);
+
+/**
+ * `chunks` without their first `n` bytes. An early-failed upstream gives back every byte it
+ * accepted, in order, and the PROXY header was the first write to it; counted in bytes rather than
+ * by the chunk's identity, as an upstream may keep copies.
+ */
+function dropFirstBytes(chunks: readonly Uint8Array[], n: number): Uint8Array[] {
+  const out: Uint8Array[] = [];
+  let left = n;
+  for (const chunk of chunks) {
+    if (left >= chunk.length) {
+      left -= chunk.length;
+    } else {
+      out.push(left === 0 ? chunk : chunk.subarray(left));
+      left = 0;
+    }
+  }
+  return out;
+}
 
 /**
  * Pass a FIN on. When `to`'s own peer has already ended and nothing waits to be written, both

@@ -11,9 +11,12 @@ import type { BoundAddress, ListenAddress, ProxySocket } from '../../seams/proxy
 import type { TcpHandOff } from '../../seams/tcp-hand-off.js';
 import { systemClock } from '../../core/clock.js';
 import { RateLimiter } from '../../core/rate-limiter.js';
-import { TcpConnection, type TcpConnectionContext } from './tcp-connection.js';
+import { TcpConnection, UNKNOWN_DESTINATION, type ListenerDestination, type TcpConnectionContext } from './tcp-connection.js';
 import { HoldBudget } from './hold-budget.js';
 import type { ProxyUnit } from '../../core/units.js';
+import type { PortalAddress } from '../../core/model.js';
+import { proxyV2Header } from '../../core/proxy-protocol.js';
+import { portalDestinations, type PortalDestinations } from '../../core/portal-destination.js';
 
 /** Upstream's endpointDialTimeout: one attempt per entry, each on a freshly picked endpoint. */
 export const DEFAULT_DIAL_TIMEOUTS_MS: readonly number[] = [250, 500, 1000, 2000];
@@ -50,6 +53,13 @@ export interface TcpProxySocketOptions {
    * composition root turns it into a Kubernetes Event). Called synchronously; must not throw.
    */
   onHoldEpisode?: () => void;
+  /** Begin every connection to the endpoints with a PROXY protocol v2 header (the unit's proxyProtocol). */
+  proxyProtocol?: boolean;
+  /**
+   * The unit's portals: for a connection NATed to a proxy port, where the client connected, as the
+   * PROXY header's destination (core/portal-destination.ts).
+   */
+  portals?: readonly PortalAddress[];
 }
 
 /**
@@ -81,6 +91,10 @@ export class TcpProxySocket implements ProxySocket, TcpHandOff {
   private readonly reusePort: boolean;
   /** close() was called: no listener accepts, and no hand-off is taken. */
   private closed = false;
+  private readonly portals: readonly PortalAddress[];
+  /** Made on the first PROXY header for a NATed connection. */
+  private natDestinations: PortalDestinations | undefined;
+  private bugLines: RateLimiter | undefined;
 
   constructor(opts: TcpProxySocketOptions) {
     this.reusePort = opts.reusePort ?? false;
@@ -93,6 +107,7 @@ export class TcpProxySocket implements ProxySocket, TcpHandOff {
     this.holdMs = opts.holdWhenEmptyMs ?? 0;
     this.holdBudget = opts.holdBudget ?? new HoldBudget();
     this.onHoldEpisode = opts.onHoldEpisode;
+    this.portals = opts.portals ?? [];
     this.ctx = {
       balancer: opts.balancer,
       dialer: opts.dialer,
@@ -104,6 +119,8 @@ export class TcpProxySocket implements ProxySocket, TcpHandOff {
       released: (conn) => this.released(conn),
       hold: (conn) => this.hold(conn),
       holdEnded: (conn) => this.holdEnded(conn),
+      proxyProtocol: opts.proxyProtocol ?? false,
+      proxyHeader: (client, to) => this.proxyHeader(client, to),
     };
   }
 
@@ -120,7 +137,8 @@ export class TcpProxySocket implements ProxySocket, TcpHandOff {
     // pauseOnConnect: nothing is read from the client until its endpoint is connected, so bytes wait
     // in the kernel during the dial instead of piling up in memory.
     const server = createServer({ allowHalfOpen: true, pauseOnConnect: true, noDelay: true });
-    server.on('connection', (client) => this.accept(client));
+    const to: ListenerDestination = { host: undefined, port: 0 };
+    server.on('connection', (client) => this.accept(client, to));
     return new Promise((resolve, reject) => {
       server.once('error', reject);
       // ipv6Only: a listener on :: must not also take the IPv4 port, which another listener may hold.
@@ -131,6 +149,7 @@ export class TcpProxySocket implements ProxySocket, TcpHandOff {
         // the getsockname() round trip, which is a few percent of start-up at 10,000 service ports.
         const info = addr.port !== 0 && isIPv4(addr.host) ? undefined : (server.address() as AddressInfo);
         const bound = info ? { host: info.address, port: info.port } : { host: addr.host, port: addr.port };
+        Object.assign(to, this.destinationOf(bound, addr.nat === true));
         server.on('error', (err) => this.onListenerError(err, bound));
         this.listeners.set(hostPort(bound), { server, bound });
         resolve(bound);
@@ -183,6 +202,8 @@ export class TcpProxySocket implements ProxySocket, TcpHandOff {
 
   update(unit: ProxyUnit): void {
     this.holdMs = unit.holdWhenEmptyMs ?? 0;
+    // For connections accepted from now on; those already accepted keep what they began with.
+    this.ctx.proxyProtocol = unit.proxyProtocol !== undefined;
     this.releaseHeld();
   }
 
@@ -219,16 +240,56 @@ export class TcpProxySocket implements ProxySocket, TcpHandOff {
     if (this.closed) return false;
     client.setNoDelay(true);
     if (this.keepAliveMs > 0) client.setKeepAlive(true, Math.max(1, Math.floor(this.keepAliveMs / 1000)) * 1000);
-    this.accept(client, written);
+    // The front's client: where it connected is the front, not a Service address of ours.
+    this.accept(client, UNKNOWN_DESTINATION, written);
     return true;
   }
 
-  private accept(client: Socket, written = 0): void {
+  private accept(client: Socket, to: ListenerDestination, written = 0): void {
     this.stats.accepted++;
     this.stats.active++;
-    const conn = new TcpConnection(this.ctx, client, written);
+    const conn = new TcpConnection(this.ctx, client, to, written);
     this.conns.add(conn);
     conn.start();
+  }
+
+  /**
+   * Where the clients of a listener connected, for PROXY headers: the address it is bound to, or,
+   * when the portal NATs to it (a proxy port), the one portal of its family the client can have
+   * connected to, if the unit's portals leave no choice. Unknown for a wildcard listener and for a
+   * proxy port several portals lead to (node ports, several addresses): then each connection's
+   * local address is read (for a proxy port, the node's address and the proxy port).
+   */
+  private destinationOf(bound: BoundAddress, nat: boolean): ListenerDestination {
+    const family = bound.host.includes(':') ? 6 : 4;
+    if (nat) {
+      this.natDestinations ??= portalDestinations(this.portals);
+      const portal = this.natDestinations[family];
+      return portal === undefined ? { host: undefined, port: 0 } : { host: portal.host, port: portal.port };
+    }
+    const wildcard = bound.host === '0.0.0.0' || bound.host === '::' || bound.host === '';
+    return wildcard ? { host: undefined, port: 0 } : { host: bound.host, port: bound.port };
+  }
+
+  /**
+   * The PROXY v2 header for one accepted client: its address and port, and what it connected to
+   * (`to`, else the socket's local address). Undefined when the client is already gone.
+   */
+  private proxyHeader(client: Socket, to: ListenerDestination): Uint8Array | undefined {
+    const sourceAddress = client.remoteAddress;
+    const sourcePort = client.remotePort;
+    // getsockname() only when the listener cannot tell.
+    const destinationAddress = to.host ?? client.localAddress;
+    const destinationPort = to.host === undefined ? client.localPort : to.port;
+    if (sourceAddress === undefined || sourcePort === undefined || destinationAddress === undefined || destinationPort === undefined) return undefined;
+    try {
+      return proxyV2Header({ sourceAddress, sourcePort, destinationAddress, destinationPort });
+    } catch (err) {
+      // The kernel's addresses did not encode: a bug, said at most once a second.
+      const suppressed = (this.bugLines ??= new RateLimiter(1000, systemClock.now)).take();
+      if (suppressed !== undefined) this.log.error({ err, suppressed }, 'bug: cannot encode the PROXY protocol header: connection reset');
+      return undefined;
+    }
   }
 
   /** Within both bounds, and only while the Service asks for it: otherwise reset at once, as ever. */
