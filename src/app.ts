@@ -42,6 +42,8 @@ export interface RunningProxy {
   health: ProxierHealth;
   /** Service names: the directory, the DNS responder and the hosts-file block, when asked for. */
   names: LocalNames;
+  /** Connections open now, node-wide: with workers, asked of each (their reports lag up to a second). */
+  activeConnectionsNow(): Promise<number>;
   /** Stop accepting, let connections finish for the grace period, close everything. */
   stop(graceMs?: number): Promise<{ cut: number }>;
   /**
@@ -195,6 +197,10 @@ async function start(config: ProxyConfig, logger: Logger, started: Started): Pro
     healthzAddress,
     health,
     names,
+    async activeConnectionsNow() {
+      if (pool) await pool.refreshFigures();
+      return proxier.activeConnections();
+    },
     async stop(graceMs = config.shutdownGracePeriodMs) {
       clearInterval(resync);
       await source.stop();

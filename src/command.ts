@@ -82,14 +82,14 @@ async function main(argv: string[]): Promise<number> {
     // Drain whatever signals come: the successor serves, and established connections finish here.
     process.on('SIGTERM', () => undefined);
     process.on('SIGINT', () => undefined);
-    logger.info({ to: successor.pid, version: successor.version, active: proxy.proxier.activeConnections(), graceMs: config.shutdownGracePeriodMs }, 'handed over: no new connections here; established ones may finish');
+    logger.info({ to: successor.pid, version: successor.version, active: await proxy.activeConnectionsNow(), graceMs: config.shutdownGracePeriodMs }, 'handed over: no new connections here; established ones may finish');
     const { cut } = await proxy.retire();
     logger.info({ cut }, 'stopped');
     logger.flush();
     return 0;
   }
   const signal = next as NodeJS.Signals;
-  logger.info({ signal, active: proxy.proxier.activeConnections(), graceMs: config.shutdownGracePeriodMs }, 'shutting down: no new connections; established ones may finish');
+  logger.info({ signal, active: await proxy.activeConnectionsNow(), graceMs: config.shutdownGracePeriodMs }, 'shutting down: no new connections; established ones may finish');
   const { cut } = await proxy.stop();
   logger.info({ cut }, 'stopped');
   logger.flush();
