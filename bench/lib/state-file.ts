@@ -71,11 +71,16 @@ function itemText(obj: Obj, formatting: Formatting): string {
   return formatting === 'compact' ? JSON.stringify(obj) : JSON.stringify(obj, null, 4).replace(/\n/g, '\n        ');
 }
 
-/** The v1 List around item texts (what kubectl prints, key order and all). */
+/** The text of a v1 List around its items, as kubectl prints it (key order and all): what goes before, between and after them. */
+function listFrame(formatting: Formatting, empty: boolean): { head: string; between: string; tail: string } {
+  if (formatting === 'compact') return { head: '{"apiVersion":"v1","items":[', between: ',', tail: '],"kind":"List","metadata":{"resourceVersion":""}}\n' };
+  const tail = '\n    ],\n    "kind": "List",\n    "metadata": {\n        "resourceVersion": ""\n    }\n}\n';
+  return empty ? { head: '{\n    "apiVersion": "v1",\n    "items": [', between: '', tail: tail.slice(5) } : { head: '{\n    "apiVersion": "v1",\n    "items": [\n        ', between: ',\n        ', tail };
+}
+
 function listText(items: readonly string[], formatting: Formatting): string {
-  if (formatting === 'compact') return `{"apiVersion":"v1","items":[${items.join(',')}],"kind":"List","metadata":{"resourceVersion":""}}\n`;
-  const body = items.length === 0 ? '[]' : `[\n        ${items.join(',\n        ')}\n    ]`;
-  return `{\n    "apiVersion": "v1",\n    "items": ${body},\n    "kind": "List",\n    "metadata": {\n        "resourceVersion": ""\n    }\n}\n`;
+  const f = listFrame(formatting, items.length === 0);
+  return `${f.head}${items.join(f.between)}${f.tail}`;
 }
 
 /** The benchmark Service: one port per backend service, all to the one backend; `annotations` as NAME=VALUE. */
@@ -103,13 +108,13 @@ export function scaleClusterIP(i: number): string {
 }
 
 /**
- * The k-th endpoint of scale Service i (not the probe's) at generation g: a pod address in
- * 10.{200+k}.c.d, never dialed (nothing sends traffic to Services other than the probe's). A
- * new generation moves it to another address, as a rescheduled pod would be.
+ * The k-th of `n` endpoints of scale Service i (not the probe's) after `g` changes: a pod address
+ * in 10.x.k.y, never dialed (nothing sends traffic to Services other than the probe's). Each
+ * change moves one endpoint, the next in turn, to another address, as a rescheduled pod would be.
  */
-function scaleEndpoint(i: number, k: number, g: number): Endpoint {
-  const [c, d] = scaleOctets(i);
-  return { ip: `10.${200 + ((k + g * 7) % 50)}.${c}.${d}` };
+function scaleEndpoint(i: number, k: number, n: number, g: number): Endpoint {
+  const moves = Math.floor((g + n - 1 - k) / n);
+  return { ip: `10.${200 + (moves % 50)}.${k}.${1 + (i % 250)}` };
 }
 
 export interface ScaleStateOptions {
@@ -128,8 +133,7 @@ export interface ScaleStateOptions {
  * A state file of `services` Services, each with one slice, that can be changed and written again
  * as a user's script would: the whole file, with only the changed objects' text different and
  * their resourceVersions bumped, as `kubectl get -o json` would print them after the change.
- * Item texts are kept, so rewriting the file costs a join, not a JSON.stringify of every object
- * (the churn run rewrites a 10,000-Service file ten times a second from the harness's core).
+ * Item texts are kept, and the file's bytes are patched where they changed (bytes()).
  */
 export class ScaleState {
   readonly services: number;
@@ -138,9 +142,17 @@ export class ScaleState {
   private readonly formatting: Formatting;
   private readonly items: string[] = [];
   private probe: { ip: string; port: number };
-  /** resourceVersion counter, as etcd's revision: every change takes the next one. */
-  private revision = 1;
+  /**
+   * resourceVersion counter, as etcd's revision: every change takes the next one. Seven digits
+   * from the start, so that a change keeps an item's length and bytes() can patch it in place.
+   */
+  private revision = 1_000_000;
   private readonly generation: number[];
+  private readonly sliceVersion: string[];
+  /** The whole file as last rendered, each item's byte offset in it, and the items changed since. */
+  private file: Buffer | undefined;
+  private offsets: number[] = [];
+  private readonly pending = new Set<number>();
 
   constructor(o: ScaleStateOptions) {
     this.services = o.services;
@@ -149,9 +161,10 @@ export class ScaleState {
     this.formatting = o.formatting ?? 'compact';
     this.probe = o.probeEndpoint;
     this.generation = new Array<number>(o.services).fill(0);
+    this.sliceVersion = new Array<string>(o.services).fill(String(this.revision));
     for (let i = 0; i < o.services; i++) {
-      this.items.push(itemText(service('scale', `svc-${i}`, scaleClusterIP(i), this.ports(i), '1'), this.formatting));
-      this.items.push(this.sliceText(i, '1'));
+      this.items.push(itemText(this.serviceObject(i), this.formatting));
+      this.items.push(itemText(this.sliceObject(i), this.formatting));
     }
   }
 
@@ -159,15 +172,27 @@ export class ScaleState {
     return [{ name: 'http', protocol: 'TCP', port: SCALE_PORT, targetPort: i === 0 ? this.probe.port : this.targetPort }];
   }
 
-  private sliceText(i: number, resourceVersion: string): string {
-    const eps = i === 0 ? [{ ip: this.probe.ip }] : Array.from({ length: this.endpoints }, (_, k) => scaleEndpoint(i, k, this.generation[i] as number));
-    return itemText(endpointSlice('scale', `svc-${i}`, this.ports(i), eps, resourceVersion), this.formatting);
+  /** Service i as the API holds it now. */
+  serviceObject(i: number): Obj {
+    return service('scale', `svc-${i}`, scaleClusterIP(i), this.ports(i), '1');
+  }
+
+  /** Service i's slice as the API holds it now. */
+  sliceObject(i: number): Obj {
+    const eps = i === 0 ? [{ ip: this.probe.ip }] : Array.from({ length: this.endpoints }, (_, k) => scaleEndpoint(i, k, this.endpoints, this.generation[i] as number));
+    return endpointSlice('scale', `svc-${i}`, this.ports(i), eps, this.sliceVersion[i] as string);
+  }
+
+  private changed(i: number): void {
+    this.sliceVersion[i] = String(++this.revision);
+    this.items[2 * i + 1] = itemText(this.sliceObject(i), this.formatting);
+    this.pending.add(2 * i + 1);
   }
 
   /** Moves Service 0's endpoint (its target port stays). */
   moveProbe(ip: string): void {
     this.probe = { ip, port: this.probe.port };
-    this.items[1] = this.sliceText(0, String(++this.revision));
+    this.changed(0);
   }
 
   /** Moves one endpoint of each of these Services (never Service 0) to a new address. */
@@ -175,18 +200,50 @@ export class ScaleState {
     for (const i of indices) {
       if (i <= 0 || i >= this.services) continue;
       this.generation[i] = (this.generation[i] as number) + 1;
-      this.items[2 * i + 1] = this.sliceText(i, String(++this.revision));
+      this.changed(i);
     }
   }
 
   text(): string {
     return listText(this.items, this.formatting);
   }
-}
 
-/** `n` Services, one TCP port and one ready endpoint each; Service 0's endpoint is the probe's. */
-export function scaleState(o: { ports: number; endpoint: { ip: string; port: number }; probeEndpoint: { ip: string; port: number }; probeVersion: number }): string {
-  const state = new ScaleState({ services: o.ports, targetPort: o.endpoint.port, probeEndpoint: o.probeEndpoint });
-  for (let v = 1; v < o.probeVersion; v++) state.moveProbe(o.probeEndpoint.ip);
-  return state.text();
+  /**
+   * The file's bytes, valid until the next change. A change that keeps each item's length (an
+   * address for another of the same length, the next resourceVersion) is patched into the last
+   * rendering: rewriting a 40 MB file ten times a second must not cost the harness's core a join
+   * and an encoding of the whole text each time.
+   */
+  bytes(): Buffer {
+    if (this.file !== undefined) {
+      for (const k of this.pending) {
+        const at = this.offsets[k] as number;
+        const len = (this.offsets[k + 1] ?? NaN) - at - (k + 1 < this.items.length ? this.betweenBytes : 0);
+        const text = this.items[k] as string;
+        if (Buffer.byteLength(text) !== len) {
+          this.file = undefined;
+          break;
+        }
+        this.file.write(text, at);
+      }
+    }
+    this.pending.clear();
+    if (this.file === undefined) {
+      const f = listFrame(this.formatting, this.items.length === 0);
+      this.file = Buffer.from(listText(this.items, this.formatting));
+      this.offsets = [];
+      let at = Buffer.byteLength(f.head);
+      for (const item of this.items) {
+        this.offsets.push(at);
+        at += Buffer.byteLength(item) + this.betweenBytes;
+      }
+      // One past the last item, as if another followed: the tail starts a separator's length before it.
+      this.offsets.push(at);
+    }
+    return this.file;
+  }
+
+  private get betweenBytes(): number {
+    return Buffer.byteLength(listFrame(this.formatting, false).between);
+  }
 }

@@ -53,7 +53,9 @@ export interface ProxyStart {
   workers: number;
   /** File-name-safe name, for its CPU profile under --profile. */
   slug: string;
-  stateFile: string;
+  /** The state file to serve, or (kubeconfig) the API server to watch. */
+  stateFile?: string;
+  kubeconfig?: string;
   admin: HostPort;
   /** Flags added after the harness's own (--proxy-arg, for example --log-level=warn). */
   extraArgs: readonly string[];
@@ -69,7 +71,7 @@ export function spawnProxy(ctx: Context, s: ProxyStart): Started {
     ...profile,
     ...ctx.options.nodeArgs,
     ctx.proxyMain,
-    '--state', s.stateFile,
+    ...(s.kubeconfig !== undefined ? ['--kubeconfig', s.kubeconfig] : ['--state', s.stateFile ?? '']),
     '--portal', 'loopback',
     // The proxy's own worker processes (they inherit the node flags given here, and the pinning).
     '--workers', String(s.workers),

@@ -1,0 +1,184 @@
+import { closeSync, mkdirSync, openSync, readFileSync, renameSync, writeFileSync, writeSync } from 'node:fs';
+import { join } from 'node:path';
+import type { Context } from './context.js';
+import { BACKEND_HOST, MOVED_HOST, PROBE_PORT, SCALE_ADMIN, SCALE_LOOPBACK_PREFIX, SCALE_PORT, SERVICES, type HostPort } from './plan.js';
+import { httpOnce } from './probe.js';
+import { cpuSeconds, rssBytes, sleep, sockets, waitUntil, type Started } from './proc.js';
+import { scaleClusterIP, ScaleState, type Formatting } from './state-file.js';
+import { spawnProxy } from './systems.js';
+
+/**
+ * A proxy serving thousands of Services for the scale runs: started from a state file or from an
+ * API server, timed until every Service port listens. Service 0 is the probe: its one endpoint is
+ * nginx at BACKEND_HOST (answering `A`) or MOVED_HOST (`B`), so a move is seen by the first new
+ * connection answered by the other.
+ */
+
+export const MB = 1024 * 1024;
+/** Where the probe Service is reached (its ClusterIP, served on loopback by --portal loopback). */
+export const PROBE_TARGET: HostPort = { host: scaleClusterIP(0).replace(/^10\./, '127.'), port: SCALE_PORT };
+export const PROBE_ANSWER: Readonly<Record<string, string>> = { [BACKEND_HOST]: 'A', [MOVED_HOST]: 'B' };
+
+/** A state of `services` Services, `endpoints` each, the probe at BACKEND_HOST. */
+export function scaleStateFor(services: number, endpoints: number, formatting: Formatting): ScaleState {
+  return new ScaleState({ services, endpoints, targetPort: SERVICES.http.port, probeEndpoint: { ip: BACKEND_HOST, port: PROBE_PORT }, formatting });
+}
+
+/** Distinct scale addresses with a listening socket on the scale port. */
+export function listeningScalePorts(): number {
+  const hosts = new Set<string>();
+  const prefix = `${SCALE_LOOPBACK_PREFIX}.`;
+  for (const s of sockets('tcp')) if (s.state === '0A' && s.port === SCALE_PORT && s.host.startsWith(prefix)) hosts.add(s.host);
+  return hosts.size;
+}
+
+interface LogRecord {
+  time: number;
+  msg: string;
+  [k: string]: unknown;
+}
+
+/** The proxy's pino lines with this msg at or after `since` (epoch ms). */
+export function logRecords(logFile: string, msg: string, since: number): LogRecord[] {
+  let text = '';
+  try {
+    text = readFileSync(logFile, 'utf8');
+  } catch {
+    return [];
+  }
+  const out: LogRecord[] = [];
+  for (const line of text.split('\n')) {
+    if (!line.includes(`"msg":"${msg}"`)) continue;
+    try {
+      const rec = JSON.parse(line) as { time?: string | number } & Record<string, unknown>;
+      const t = typeof rec.time === 'number' ? rec.time : Date.parse(rec.time ?? '');
+      // pino's isoTime has millisecond resolution; the harness's clock reading has more.
+      if (t >= Math.floor(since)) out.push({ ...rec, time: t, msg });
+    } catch {
+      // not JSON
+    }
+  }
+  return out;
+}
+
+/** Milliseconds from `since` (epoch ms) to the first log line with this msg at or after it. */
+export function logTimeOf(logFile: string, msg: string, since: number): number {
+  const first = logRecords(logFile, msg, since)[0];
+  return first === undefined ? NaN : first.time - since;
+}
+
+export function writeByRename(file: string, bytes: Buffer): void {
+  writeFileSync(`${file}.tmp`, bytes);
+  renameSync(`${file}.tmp`, file);
+}
+
+/**
+ * As `kubectl get -o json > file` writes it: the shell empties the file, kubectl writes it some
+ * time later (`gapMs`, its round trip to the API server), a MiB at a time. Returns when the last
+ * byte is written.
+ */
+export async function writeInPlace(file: string, buf: Buffer, gapMs: number): Promise<void> {
+  const fd = openSync(file, 'w');
+  try {
+    if (gapMs > 0) await sleep(gapMs);
+    for (let at = 0; at < buf.length; at += MB) writeSync(fd, buf, at, Math.min(MB, buf.length - at));
+  } finally {
+    closeSync(fd);
+  }
+}
+
+export interface ScaleProxy {
+  started: Started;
+  logFile: string;
+  /** Start-up figures: listenMs, cpuMs, loadedMs, syncedMs, rssMB. */
+  metrics: Record<string, number>;
+}
+
+export interface ScaleProxyStart {
+  services: number;
+  /** File-name-safe, unique per proxy of a run. */
+  tag: string;
+  /** Serve this state file, or watch the API server this kubeconfig names. */
+  stateFile?: string;
+  kubeconfig?: string;
+  /** How long to wait for every port (default 180 s). */
+  timeoutMs?: number;
+}
+
+/**
+ * Start a proxy and resolve once every one of its `services` ports listens, with the start-up
+ * figures. Refuses to start while something else listens on the scale addresses (another run of
+ * this harness on the same machine): its sockets would be counted as this proxy's.
+ */
+export async function startScaleProxy(ctx: Context, s: ScaleProxyStart): Promise<ScaleProxy> {
+  const busy = listeningScalePorts();
+  if (busy > 0) throw new Error(`${busy} sockets already listen on ${SCALE_LOOPBACK_PREFIX}.*:${SCALE_PORT} (another bench run?); not measuring`);
+  const dir = join(ctx.tmp, `scale-${s.tag}`);
+  mkdirSync(dir, { recursive: true });
+  const logFile = join(dir, 'out.log');
+  const wall0 = Date.now();
+  const t0 = performance.now();
+  const started = spawnProxy(ctx, {
+    name: `proxy with ${s.services} Services`,
+    workers: 1,
+    slug: `proxy-scale-${s.tag}`,
+    ...(s.kubeconfig !== undefined ? { kubeconfig: s.kubeconfig } : { stateFile: s.stateFile ?? '' }),
+    admin: SCALE_ADMIN,
+    extraArgs: ctx.options.proxyArgs,
+    logFile,
+  });
+  try {
+    await waitUntil(() => listeningScalePorts() >= s.services, `${s.services} service ports listening`, s.timeoutMs ?? 180_000, { everyMs: 10, process: started });
+  } catch (err) {
+    await started.stop();
+    throw err;
+  }
+  const listenMs = performance.now() - t0;
+  // CPU time next to wall time: on a shared machine the gap is time spent waiting for a core.
+  const cpuMs = cpuSeconds([started.pid]) * 1000;
+  const rssMB = rssBytes([started.pid]) / MB;
+  const loaded = s.kubeconfig !== undefined ? 'synced proxy rules' : 'loaded state file';
+  return {
+    started,
+    logFile,
+    metrics: { listenMs, cpuMs, loadedMs: logTimeOf(logFile, loaded, wall0), syncedMs: logTimeOf(logFile, 'synced proxy rules', wall0), rssMB },
+  };
+}
+
+/** The probe Service's answer now: `A` or `B`; throws when it does not answer. */
+export function probeOnce(timeoutMs = 2000): Promise<string> {
+  return httpOnce(PROBE_TARGET, timeoutMs);
+}
+
+/**
+ * Probe on fresh connections until `body` answers; then `tailMs` more to catch stragglers on the
+ * old endpoint. Back to back, or `spacingMs` apart (the churn runs, whose CPU figure should be the
+ * proxy's work, not the probes'). Times are from `t0` (performance.now()), counted when an answer
+ * arrived, not when its probe set out: a connection made while the proxy was busy waits in the
+ * listen backlog and is routed only afterwards.
+ */
+export async function probeUntil(body: string, t0: number, timeoutMs: number, opts: { spacingMs?: number; tailMs?: number } = {}): Promise<{ moveMs?: number; stale: number; probes: number }> {
+  const tailMs = opts.tailMs ?? 200;
+  let moveMs: number | undefined;
+  let stale = 0;
+  let probes = 0;
+  let errors = 0;
+  while (performance.now() - t0 < timeoutMs && probes < 200_000) {
+    probes++;
+    const sent = performance.now();
+    let answer: string;
+    try {
+      answer = await probeOnce(2000);
+    } catch {
+      errors++;
+      if (errors > 1000) break;
+      continue;
+    }
+    if (answer === body) moveMs ??= performance.now() - t0;
+    else if (moveMs !== undefined) stale++;
+    if (moveMs !== undefined && performance.now() - t0 >= moveMs + tailMs) break;
+    const wait = (opts.spacingMs ?? 0) - (performance.now() - sent);
+    if (wait > 0) await sleep(wait);
+  }
+  return moveMs === undefined ? { stale, probes } : { moveMs, stale, probes };
+}
