@@ -1,4 +1,5 @@
-import { mkdirSync, renameSync, writeFileSync } from 'node:fs';
+import { mkdirSync, writeFileSync } from 'node:fs';
+import { rename, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { FakeApiServer } from '../../test/helpers/fake-apiserver.js';
 import type { Context } from './context.js';
@@ -69,7 +70,7 @@ export function apiChurnInfo(o: ChurnOptions): WorkloadInfo {
 }
 
 /** One churn: `apply` hands the proxy one batch, the Services changed in `state` (and the probe's, when `probeMoved`). */
-async function churn(ctx: Context, proxy: ScaleProxy, state: ScaleState, o: ChurnOptions, apply: (batch: readonly number[], probeMoved: boolean) => void): Promise<{ metrics: Record<string, number>; series: Record<string, number[]> }> {
+async function churn(ctx: Context, proxy: ScaleProxy, state: ScaleState, o: ChurnOptions, apply: (batch: readonly number[], probeMoved: boolean) => void | Promise<void>): Promise<{ metrics: Record<string, number>; series: Record<string, number[]> }> {
   const pid = proxy.started.pid;
   const rss: number[] = [];
   const sample = (): void => void rss.push(rssBytes([pid]) / MB);
@@ -106,13 +107,14 @@ async function churn(ctx: Context, proxy: ScaleProxy, state: ScaleState, o: Chur
         probeAt = probeAt === BACKEND_HOST ? MOVED_HOST : BACKEND_HOST;
         state.moveProbe(probeAt);
       }
-      apply(batch, move);
+      await apply(batch, move);
       if (move) {
         probing = true;
         const at = performance.now();
         probes.push(
           probeUntil(PROBE_ANSWER[probeAt] as string, at, 5000, { spacingMs: 5, tailMs: 0 }).then((r) => {
             moves.push(r.moveMs);
+            if (r.moveMs === undefined) ctx.say(`    a move was not seen within 5 s: ${r.probes} probes, ${r.errors} failed${r.firstError ? ` (${r.firstError})` : ''}`);
             probing = false;
           }),
         );
@@ -147,7 +149,7 @@ async function churn(ctx: Context, proxy: ScaleProxy, state: ScaleState, o: Chur
       rssEndMB,
       rssAfterMB: rss[rss.length - 1] as number,
     },
-    series: { rssMB: rss.map((v) => Math.round(v)), rssChurnSamples: [during] },
+    series: { rssMB: rss.map((v) => Math.round(v)), rssChurnSamples: [during], moveMs: moves.map((m) => (m === undefined ? -1 : Math.round(m * 10) / 10)) },
   };
 }
 
@@ -165,9 +167,11 @@ export async function fileChurn(ctx: Context, o: ChurnOptions, formatting: Forma
     proxy = await startScaleProxy(ctx, { services: o.services, tag, stateFile });
     await settle();
     const since = Date.now();
-    const r = await churn(ctx, proxy, state, o, () => {
-      writeFileSync(`${stateFile}.tmp`, state.bytes());
-      renameSync(`${stateFile}.tmp`, stateFile);
+    // Written off the event loop: a synchronous 40 MB write would hold up the probes' answers,
+    // and the probe figures would be the harness's, not the proxy's.
+    const r = await churn(ctx, proxy, state, o, async () => {
+      await writeFile(`${stateFile}.tmp`, state.bytes());
+      await rename(`${stateFile}.tmp`, stateFile);
     });
     const loads = logRecords(proxy.logFile, 'loaded state file', since).map((l) => (typeof l.changed === 'number' ? l.changed : NaN));
     record.metrics = { ...r.metrics, changedPerLoad: median(loads.filter(Number.isFinite)), loads: loads.length };

@@ -157,21 +157,24 @@ export function probeOnce(timeoutMs = 2000): Promise<string> {
  * arrived, not when its probe set out: a connection made while the proxy was busy waits in the
  * listen backlog and is routed only afterwards.
  */
-export async function probeUntil(body: string, t0: number, timeoutMs: number, opts: { spacingMs?: number; tailMs?: number } = {}): Promise<{ moveMs?: number; stale: number; probes: number }> {
+export async function probeUntil(body: string, t0: number, timeoutMs: number, opts: { spacingMs?: number; tailMs?: number } = {}): Promise<{ moveMs?: number; stale: number; probes: number; errors: number; firstError?: string }> {
   const tailMs = opts.tailMs ?? 200;
   let moveMs: number | undefined;
   let stale = 0;
   let probes = 0;
   let errors = 0;
+  let firstError: string | undefined;
   while (performance.now() - t0 < timeoutMs && probes < 200_000) {
     probes++;
     const sent = performance.now();
     let answer: string;
     try {
       answer = await probeOnce(2000);
-    } catch {
+    } catch (err) {
       errors++;
+      firstError ??= (err as Error).message;
       if (errors > 1000) break;
+      await sleep(opts.spacingMs ?? 0);
       continue;
     }
     if (answer === body) moveMs ??= performance.now() - t0;
@@ -180,5 +183,6 @@ export async function probeUntil(body: string, t0: number, timeoutMs: number, op
     const wait = (opts.spacingMs ?? 0) - (performance.now() - sent);
     if (wait > 0) await sleep(wait);
   }
-  return moveMs === undefined ? { stale, probes } : { moveMs, stale, probes };
+  const tail = firstError === undefined ? {} : { firstError };
+  return moveMs === undefined ? { stale, probes, errors, ...tail } : { moveMs, stale, probes, errors, ...tail };
 }
