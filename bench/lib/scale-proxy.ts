@@ -1,4 +1,6 @@
+import { spawnSync } from 'node:child_process';
 import { closeSync, mkdirSync, openSync, readFileSync, renameSync, writeFileSync, writeSync } from 'node:fs';
+import { descriptorBudget } from '../../src/core/descriptor-budget.js';
 import { join } from 'node:path';
 import type { Context } from './context.js';
 import { BACKEND_HOST, MOVED_HOST, PROBE_PORT, SCALE_ADMIN, SCALE_LOOPBACK_PREFIX, SCALE_PORT, SERVICES, type HostPort } from './plan.js';
@@ -6,6 +8,7 @@ import { httpOnce } from './probe.js';
 import { cpuSeconds, rssBytes, sleep, sockets, waitUntil, type Started } from './proc.js';
 import { scaleClusterIP, ScaleState, type Formatting } from './state-file.js';
 import { spawnProxy } from './systems.js';
+import { has, path } from './tools.js';
 
 /**
  * A proxy serving thousands of Services for the scale runs: started from a state file or from an
@@ -111,6 +114,8 @@ export interface ScaleProxyStart {
  * this harness on the same machine): its sockets would be counted as this proxy's.
  */
 export async function startScaleProxy(ctx: Context, s: ScaleProxyStart): Promise<ScaleProxy> {
+  const { nofile, listeners } = openFilesFor(ctx, s.services);
+  if (listeners < s.services) ctx.say(`    the open-file limit lets the proxy open ${listeners} of ${s.services} listeners, and it cannot be raised here: timing those`);
   const busy = listeningScalePorts();
   if (busy > 0) throw new Error(`${busy} sockets already listen on ${SCALE_LOOPBACK_PREFIX}.*:${SCALE_PORT} (another bench run?); not measuring`);
   const dir = join(ctx.tmp, `scale-${s.tag}`);
@@ -126,9 +131,12 @@ export async function startScaleProxy(ctx: Context, s: ScaleProxyStart): Promise
     admin: SCALE_ADMIN,
     extraArgs: ctx.options.proxyArgs,
     logFile,
+    ...(nofile !== undefined ? { nofile } : {}),
   });
   try {
-    await waitUntil(() => listeningScalePorts() >= s.services, `${s.services} service ports listening`, s.timeoutMs ?? 180_000, { everyMs: 10, process: started });
+    // With fewer listeners than Services, the first sync's log line says the rest were refused.
+    const synced = (): boolean => listeners === s.services || logRecords(logFile, 'synced proxy rules', wall0).length > 0;
+    await waitUntil(() => listeningScalePorts() >= listeners && synced(), `${listeners} service ports listening`, s.timeoutMs ?? 180_000, { everyMs: 10, process: started });
   } catch (err) {
     await started.stop();
     throw err;
@@ -141,8 +149,43 @@ export async function startScaleProxy(ctx: Context, s: ScaleProxyStart): Promise
   return {
     started,
     logFile,
-    metrics: { listenMs, cpuMs, loadedMs: logTimeOf(logFile, loaded, wall0), syncedMs: logTimeOf(logFile, 'synced proxy rules', wall0), rssMB },
+    metrics: { listenMs, cpuMs, loadedMs: logTimeOf(logFile, loaded, wall0), syncedMs: logTimeOf(logFile, 'synced proxy rules', wall0), rssMB, listening: listeners },
   };
+}
+
+/** The soft open-file limit this process runs with (inherited by what it starts). */
+function openFileLimit(): { soft: number; hard: number } {
+  const line = readFileSync('/proc/self/limits', 'utf8').split('\n').find((l) => l.startsWith('Max open files')) ?? '';
+  const [soft, hard] = line.replace('Max open files', '').trim().split(/\s+/).map((v) => (v === 'unlimited' ? Infinity : Number(v)));
+  return { soft: soft ?? NaN, hard: hard ?? NaN };
+}
+
+/**
+ * How a proxy serving `services` Services is to be started, given the open-file limit: it needs a
+ * listening socket each, and room for connections. With too low a limit the proxy bounds its
+ * listeners to what the limit leaves (core/descriptor-budget.ts) and serves only that many, so
+ * the limit is raised with prlimit when the harness may (root with CAP_SYS_RESOURCE, or within
+ * the hard limit); when it may not, the run waits for as many listeners as the proxy will open
+ * and says so (`listening` below `services`).
+ */
+function openFilesFor(ctx: Context, services: number): { nofile?: number; listeners: number } {
+  const need = services + 10_000;
+  const { soft, hard } = openFileLimit();
+  if (need <= soft) return { listeners: services };
+  if (has(ctx.tools, 'prlimit') && (need <= hard || mayRaise(path(ctx.tools, 'prlimit'), need))) return { nofile: need, listeners: services };
+  return { listeners: Math.min(services, descriptorBudget(soft).maxListeners) };
+}
+
+const raisable = new Map<number, boolean>();
+
+/** Whether prlimit may set this limit (a container without CAP_SYS_RESOURCE may not exceed its hard limit). */
+function mayRaise(prlimit: string, n: number): boolean {
+  let ok = raisable.get(n);
+  if (ok === undefined) {
+    ok = spawnSync(prlimit, [`--nofile=${n}:${n}`, '--', 'true'], { stdio: 'ignore', timeout: 5000 }).status === 0;
+    raisable.set(n, ok);
+  }
+  return ok;
 }
 
 /** The probe Service's answer now: `A` or `B`; throws when it does not answer. */

@@ -22,6 +22,7 @@ export const SCALE_INFO = {
       { key: 'rssMB', label: 'RSS when listening', unit: 'MB', better: 'lower' },
       { key: 'rssSettledMB', label: 'RSS 1 s later', unit: 'MB', better: 'lower' },
       { key: 'fileMB', label: 'state file', unit: 'MB', better: 'none' },
+      { key: 'listening', label: 'ports listening (fewer: the open-file limit)', unit: '', better: 'none' },
     ],
   }),
   idle: (n: number): WorkloadInfo => ({

@@ -60,6 +60,8 @@ export interface ProxyStart {
   /** Flags added after the harness's own (--proxy-arg, for example --log-level=warn). */
   extraArgs: readonly string[];
   logFile: string;
+  /** Run the proxy with this open-file limit (soft and hard), through prlimit. */
+  nofile?: number;
 }
 
 /** The proxy CLI as a user runs it: `--portal loopback` and a state file, pinned to the proxy core. */
@@ -88,6 +90,8 @@ export function spawnProxy(ctx: Context, s: ProxyStart): Started {
     const at = e.indexOf('=');
     env[e.slice(0, at)] = e.slice(at + 1);
   }
+  // prlimit sets the limit and execs node: the PID stays the proxy's own, as with taskset.
+  if (s.nofile !== undefined) return ctx.procs.start(s.name, path(ctx.tools, 'prlimit'), [`--nofile=${s.nofile}:${s.nofile}`, '--', process.execPath, ...args], { cpu: ctx.pin.proxyCpus, logFile: s.logFile, env });
   return ctx.procs.start(s.name, process.execPath, args, { cpu: ctx.pin.proxyCpus, logFile: s.logFile, env });
 }
 
