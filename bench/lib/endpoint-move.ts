@@ -58,7 +58,8 @@ export async function endpointMove(ctx: Context, o: MoveOptions, record: (r: Run
     const stateFile = join(dir, 'state.json');
     const state = scaleStateFor(o.services, o.endpoints, o.formatting);
     writeByRename(stateFile, state.bytes());
-    proxy = await startScaleProxy(ctx, { services: o.services, tag, stateFile });
+    // With --workers N the move must reach every worker: probes land on all of them.
+    proxy = await startScaleProxy(ctx, { services: o.services, tag, stateFile, workers: ctx.options.workers });
     const first = await probeOnce(5000);
     if (first !== 'A') throw new Error(`the probe Service answered "${first}" before any move, expected "A"`);
     // Past the file source's background indexing of the first read (3 s after it), as a user's

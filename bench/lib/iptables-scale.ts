@@ -39,6 +39,7 @@ const clusterIPOf = (i: number): string => `10.96.${(i + 1) >> 8}.${(i + 1) & 25
 
 export const IPTABLES_SCALE_INFO = (kind: IptablesKind, n: number): WorkloadInfo => ({
   id: workloadId(kind, n),
+  p99: true,
   title: `iptables portal holding ${n} ${kind === 'nodeport' ? 'NodePort' : 'ClusterIP'} Services, then one more (its ClusterIP probed); "other": unrelated TCP on loopback`,
   metrics: [
     { key: 'firstSyncMs', label: 'first sync', unit: 'ms', better: 'lower' },

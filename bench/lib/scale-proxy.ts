@@ -27,12 +27,12 @@ export function scaleStateFor(services: number, endpoints: number, formatting: F
   return new ScaleState({ services, endpoints, targetPort: SERVICES.http.port, probeEndpoint: { ip: BACKEND_HOST, port: PROBE_PORT }, formatting });
 }
 
-/** Distinct scale addresses with a listening socket on the scale port. */
+/** Listening sockets on the scale port of the scale addresses (one per address and worker). */
 export function listeningScalePorts(): number {
-  const hosts = new Set<string>();
+  let n = 0;
   const prefix = `${SCALE_LOOPBACK_PREFIX}.`;
-  for (const s of sockets('tcp')) if (s.state === '0A' && s.port === SCALE_PORT && s.host.startsWith(prefix)) hosts.add(s.host);
-  return hosts.size;
+  for (const s of sockets('tcp')) if (s.state === '0A' && s.port === SCALE_PORT && s.host.startsWith(prefix)) n++;
+  return n;
 }
 
 interface LogRecord {
@@ -106,6 +106,8 @@ export interface ScaleProxyStart {
   kubeconfig?: string;
   /** How long to wait for every port (default 180 s). */
   timeoutMs?: number;
+  /** Worker processes (--workers N; default 1): each listens on every port (SO_REUSEPORT). */
+  workers?: number;
 }
 
 /**
@@ -121,11 +123,12 @@ export async function startScaleProxy(ctx: Context, s: ScaleProxyStart): Promise
   const dir = join(ctx.tmp, `scale-${s.tag}`);
   mkdirSync(dir, { recursive: true });
   const logFile = join(dir, 'out.log');
+  const workers = s.workers ?? 1;
   const wall0 = Date.now();
   const t0 = performance.now();
   const started = spawnProxy(ctx, {
     name: `proxy with ${s.services} Services`,
-    workers: 1,
+    workers,
     slug: `proxy-scale-${s.tag}`,
     ...(s.kubeconfig !== undefined ? { kubeconfig: s.kubeconfig } : { stateFile: s.stateFile ?? '' }),
     admin: SCALE_ADMIN,
@@ -136,7 +139,8 @@ export async function startScaleProxy(ctx: Context, s: ScaleProxyStart): Promise
   try {
     // With fewer listeners than Services, the first sync's log line says the rest were refused.
     const synced = (): boolean => listeners === s.services || logRecords(logFile, 'synced proxy rules', wall0).length > 0;
-    await waitUntil(() => listeningScalePorts() >= listeners && synced(), `${listeners} service ports listening`, s.timeoutMs ?? 180_000, { everyMs: 10, process: started });
+    // Each worker listens on every port: the socket table lists one socket per worker.
+    await waitUntil(() => listeningScalePorts() >= listeners * workers && synced(), `${listeners} service ports listening`, s.timeoutMs ?? 180_000, { everyMs: 10, process: started });
   } catch (err) {
     await started.stop();
     throw err;
