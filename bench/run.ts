@@ -11,12 +11,15 @@ import { flameGraph, summarizeProfile, type CpuProfile } from './lib/cpu-profile
 import { figuresOf, ratiosOf } from './lib/figures.js';
 import { loadWorkloadInfo, runLoadWorkloads } from './lib/load-runner.js';
 import { cpusOf, LOAD_WORKLOADS, parseOptions, USAGE, type Options } from './lib/options.js';
-import type { BenchService, SystemId } from './lib/plan.js';
+import { LANE, type BenchService, type SystemId } from './lib/plan.js';
 import { Processes, pinSelf, type Pinning } from './lib/proc.js';
 import { renderTable } from './lib/report.js';
 import type { BenchResults, RunRecord, WorkloadInfo } from './lib/results.js';
+import { apiChurn, apiChurnInfo, fileChurn, fileChurnInfo } from './lib/churn.js';
+import { connBurst, connBurstInfo } from './lib/conn-burst.js';
+import { endpointMove, endpointMoveInfo } from './lib/endpoint-move.js';
 import { IPTABLES_SCALE_INFO, iptablesScaleSkipReason, iptablesScaleTrial } from './lib/iptables-scale.js';
-import { endpointMove, idleConnections, SCALE_INFO, scaleStart } from './lib/scale.js';
+import { idleConnections, SCALE_INFO, scaleStart } from './lib/scale.js';
 import { startSystems } from './lib/systems.js';
 import { judgeTargets } from './lib/targets.js';
 import { findTools, has, missingLine, type Tools } from './lib/tools.js';
@@ -59,6 +62,7 @@ function meta(options: Options, tools: Tools, pin: Pinning, stamp: string): Reco
     ...(options.proxyNode ? { proxyNode: execFileSync(options.proxyNode, ['--version'], { encoding: 'utf8' }).trim() } : {}),
     commit: `${git(['rev-parse', '--short', 'HEAD']) || 'unknown'}${dirty > 0 ? ` (+${dirty} changed files)` : ''}`,
     loadAverageStart: la,
+    lane: LANE,
     pinning,
     conditions: `${cpus().length} × ${cpu}; load average at start ${la}; ${pinning}`,
     tools: tools.versions,
@@ -83,7 +87,7 @@ async function measureAll(ctx: Context, record: (r: RunRecord) => void, infos: W
   const loads = LOAD_WORKLOAD_DEFS.filter((w) => loadIds.has(w.id));
   const wants = (id: string): boolean => (options.workloads as string[]).includes(id);
   const services = new Set<BenchService>(loads.map((w) => w.service));
-  if (wants('endpoint-move') || wants('idle-conns')) services.add('http');
+  if (['endpoint-move', 'file-churn', 'api-churn', 'conn-burst', 'idle-conns'].some(wants)) services.add('http');
   const backends = await startBackends(ctx, services);
 
   if (loads.length > 0) {
@@ -98,22 +102,58 @@ async function measureAll(ctx: Context, record: (r: RunRecord) => void, infos: W
   }
   if (!options.systems.includes('proxy')) return;
   if (wants('scale-start')) {
-    ctx.say(`start-up at ${options.scalePorts.join(' and ')} service ports`);
-    infos.push(...options.scalePorts.map(SCALE_INFO.start));
+    ctx.say(`start-up at ${options.scalePorts.join(' and ')} Services × ${options.endpoints} endpoints, ${options.formats.join(' and ')}`);
+    for (const n of options.scalePorts) for (const f of options.formats) infos.push(SCALE_INFO.start(n, options.endpoints, f));
     for (let run = 1; run <= options.runs; run++) {
       for (const n of options.scalePorts) {
-        const r = await scaleStart(ctx, n, run);
-        record(r);
-        ctx.say(`  [run ${run}/${options.runs}] scale-start@${n} ${r.error ?? Object.entries(r.metrics).map(([k, v]) => `${k}=${v.toFixed(1)}`).join(' ')}`);
+        for (const f of options.formats) {
+          const r = await scaleStart(ctx, n, options.endpoints, f, run);
+          record(r);
+          ctx.say(`  [run ${run}/${options.runs}] ${r.workload} ${r.error ?? Object.entries(r.metrics).map(([k, v]) => `${k}=${v.toFixed(1)}`).join(' ')}`);
+        }
       }
     }
   }
-  if (wants('endpoint-move')) {
-    if (!backends.up.has('http')) ctx.skip('endpoint move', 'the nginx HTTP backend is not running');
+  const probed = wants('endpoint-move') || wants('file-churn') || wants('api-churn');
+  if (probed && !backends.up.has('http')) ctx.skip('endpoint moves and churn', 'the nginx HTTP backend is not running');
+  const n = options.movePorts;
+  const e = options.endpoints;
+  if (wants('endpoint-move') && backends.up.has('http')) {
+    ctx.say(`endpoint move with ${n} Services × ${e} endpoints: ${options.moveTrials} trials per formatting (${options.formats.join(', ')}) and write (${options.writes.join(', ')})`);
+    for (const formatting of options.formats) {
+      for (const write of options.writes) {
+        infos.push(endpointMoveInfo(n, e, formatting, write));
+        await endpointMove(ctx, { services: n, endpoints: e, formatting, write, trials: options.moveTrials, gapMs: options.inPlaceGapMs }, record);
+      }
+    }
+  }
+  const churn = { services: n, endpoints: e, seconds: options.churnSeconds, rate: options.churnRate, writesPerSecond: options.churnWrites, afterSeconds: options.churnAfter };
+  if (wants('file-churn') && backends.up.has('http')) {
+    for (const formatting of options.formats) {
+      infos.push(fileChurnInfo(churn, formatting));
+      for (let run = 1; run <= options.churnRuns; run++) {
+        ctx.say(`file churn [run ${run}/${options.churnRuns}]: ${churn.rate} Services/s for ${churn.seconds} s, ${churn.writesPerSecond} rewrites/s, ${formatting}`);
+        const r = await fileChurn(ctx, churn, formatting, run);
+        record(r);
+        if (r.error) ctx.say(`  FAILED: ${r.error}`);
+      }
+    }
+  }
+  if (wants('api-churn') && backends.up.has('http')) {
+    infos.push(apiChurnInfo(churn));
+    for (let run = 1; run <= options.churnRuns; run++) {
+      ctx.say(`API churn [run ${run}/${options.churnRuns}]: ${churn.rate} Services/s for ${churn.seconds} s, through the fake API server`);
+      const r = await apiChurn(ctx, churn, run);
+      record(r);
+      if (r.error) ctx.say(`  FAILED: ${r.error}`);
+    }
+  }
+  if (wants('conn-burst')) {
+    if (!backends.up.has('http')) ctx.skip('connection burst', 'the nginx HTTP backend is not running');
     else {
-      ctx.say(`endpoint move with ${options.movePorts} service ports`);
-      infos.push(SCALE_INFO.move(options.movePorts));
-      await endpointMove(ctx, options.movePorts, options.runs, record);
+      ctx.say(`connection burst: ${options.runs} bursts of ${options.burst}`);
+      infos.push(connBurstInfo(options.burst));
+      await connBurst(ctx, options.burst, options.runs, record);
     }
   }
   if (wants('idle-conns')) {

@@ -4,7 +4,7 @@ import { figuresOf, ratiosOf } from '../bench/lib/figures.js';
 import { parseDnsperf, parseIperf3, parseProcNet, parseProcStat, parseSockperf, parseVmRss, parseWrk } from '../bench/lib/parse.js';
 import { renderTable } from '../bench/lib/report.js';
 import type { BenchResults, RunRecord, WorkloadInfo } from '../bench/lib/results.js';
-import { scaleClusterIP, scaleState } from '../bench/lib/state-file.js';
+import { scaleClusterIP, ScaleState } from '../bench/lib/state-file.js';
 import { median, summarize } from '../bench/lib/stats.js';
 import { judgeTargets } from '../bench/lib/targets.js';
 
@@ -79,24 +79,27 @@ describe('bench arithmetic', () => {
   it('summarizes runs as a median with the spread', () => {
     expect(median([3, 1, 2])).toBe(2);
     expect(median([4, 1, 3, 2])).toBe(2.5);
-    expect(summarize([10, 12, 8])).toEqual({ n: 3, median: 10, min: 8, max: 12, spreadPct: 40 });
+    expect(summarize([10, 12, 8])).toEqual({ n: 3, median: 10, min: 8, max: 12, spreadPct: 40, p99: 12 });
+    expect(summarize(Array.from({ length: 200 }, (_, i) => i + 1)).p99).toBe(198);
   });
 
   const workloads: WorkloadInfo[] = [
     { id: 'http-keepalive', title: 'keep-alive', metrics: [{ key: 'rps', label: 'requests/s', unit: 'req/s', better: 'higher' }, { key: 'p99Ms', label: 'p99', unit: 'ms', better: 'lower' }] },
-    { id: 'scale-start@10000', title: 'start-up', metrics: [{ key: 'listenMs', label: 'listening', unit: 'ms', better: 'lower' }] },
+    { id: 'scale-start@10000x10/pretty', title: 'start-up', metrics: [{ key: 'listenMs', label: 'listening', unit: 'ms', better: 'lower' }] },
+    { id: 'endpoint-move@10000x10/compact/rename', title: 'move', p99: true, metrics: [{ key: 'moveMs', label: 'move', unit: 'ms', better: 'lower' }] },
   ];
   const runs: RunRecord[] = [
     ...[900, 1000, 950].map((rps, i): RunRecord => ({ workload: 'http-keepalive', system: 'proxy', run: i + 1, metrics: { rps, p99Ms: 3 } })),
     ...[1000, 1000, 1000].map((rps, i): RunRecord => ({ workload: 'http-keepalive', system: 'nginx', run: i + 1, metrics: { rps, p99Ms: 2 } })),
-    { workload: 'scale-start@10000', system: 'proxy', run: 1, metrics: { listenMs: 1500 } },
-    { workload: 'scale-start@10000', system: 'proxy', run: 2, metrics: {}, error: 'timed out' },
+    { workload: 'scale-start@10000x10/pretty', system: 'proxy', run: 1, metrics: { listenMs: 900 } },
+    { workload: 'scale-start@10000x10/pretty', system: 'proxy', run: 2, metrics: {}, error: 'timed out' },
+    ...[20, 30, 25, 150].map((moveMs, i): RunRecord => ({ workload: 'endpoint-move@10000x10/compact/rename', system: 'proxy', run: i + 1, metrics: { moveMs } })),
   ];
   const figures = figuresOf(runs, workloads);
 
   it('turns runs into figures and ratios oriented so that above 1 is better', () => {
     expect(figures.find((f) => f.system === 'proxy' && f.metric === 'rps')?.summary.median).toBe(950);
-    expect(figures.find((f) => f.workload === 'scale-start@10000')?.values).toEqual([1500]);
+    expect(figures.find((f) => f.workload === 'scale-start@10000x10/pretty')?.values).toEqual([900]);
     const ratios = ratiosOf(figures);
     expect(ratios.find((r) => r.metric === 'rps')).toMatchObject({ against: 'nginx', ratio: 0.95, standing: 0.95 });
     expect(ratios.find((r) => r.metric === 'p99Ms')).toMatchObject({ ratio: 1.5, standing: 2 / 3 });
@@ -107,7 +110,10 @@ describe('bench arithmetic', () => {
     const targets = judgeTargets(figures);
     expect(targets.find((t) => t.id === 'keepalive-rps')).toMatchObject({ pass: true, actual: 0.95 });
     expect(targets.find((t) => t.id === 'keepalive-p99')).toMatchObject({ pass: true, actual: 1.5 });
-    expect(targets.find((t) => t.id === 'start-10k')).toMatchObject({ pass: true, actual: 1500 });
+    expect(targets.find((t) => t.id === 'start-10k')).toMatchObject({ pass: true, actual: 900 });
+    // Judged on the trials' p99, not their median.
+    expect(targets.find((t) => t.id === 'move-10k')).toMatchObject({ pass: false, actual: 150 });
+    expect(targets.find((t) => t.id === 'start-30k')).toMatchObject({ pass: undefined });
     expect(targets.find((t) => t.id === 'tcp-bulk')).toMatchObject({ pass: undefined, actual: undefined });
   });
 
@@ -128,6 +134,7 @@ describe('bench arithmetic', () => {
     expect(table).toContain('proxy ÷ nginx stream');
     expect(table).toMatch(/✓ keep-alive requests\/s/);
     expect(table).toContain('- HAProxy: not found');
+    expect(table).toContain('27.5 (p99 150)');
     const svg = renderChart(results);
     expect(svg.startsWith('<svg')).toBe(true);
     expect(svg.trimEnd().endsWith('</svg>')).toBe(true);
@@ -135,11 +142,27 @@ describe('bench arithmetic', () => {
     expect(svg).not.toMatch(/NaN|Infinity|undefined/);
   });
 
-  it('writes state files as a v1 List, one Service and one slice per service port', () => {
-    const list = JSON.parse(scaleState({ ports: 300, endpoint: { ip: '127.0.50.1', port: 18080 }, probeEndpoint: { ip: '127.0.50.2', port: 18081 }, probeVersion: 7 })) as { kind: string; items: Array<{ kind: string; metadata: { resourceVersion: string } }> };
-    expect(list.kind).toBe('List');
-    expect(list.items).toHaveLength(600);
-    expect(list.items[1]?.metadata.resourceVersion).toBe('7');
+  it('writes state files as a v1 List, one Service and one slice per Service, kept up to date by patches', () => {
+    type List = { kind: string; items: Array<{ kind: string; metadata: { resourceVersion: string }; endpoints?: Array<{ addresses: string[] }> }> };
+    for (const formatting of ['pretty', 'compact'] as const) {
+      const state = new ScaleState({ services: 300, endpoints: 10, targetPort: 18080, probeEndpoint: { ip: '127.0.50.1', port: 18081 }, formatting });
+      const before = state.bytes().toString();
+      expect(before).toBe(state.text());
+      state.moveProbe('127.0.50.2');
+      state.churn([1, 150, 299]);
+      const after = state.bytes().toString();
+      // Patched in place, the bytes are what rendering the whole text again gives.
+      expect(after).toBe(state.text());
+      const list = JSON.parse(after) as List;
+      expect(list.kind).toBe('List');
+      expect(list.items).toHaveLength(600);
+      expect(list.items[1]?.endpoints?.[0]?.addresses).toEqual(['127.0.50.2']);
+      expect(Number(list.items[1]?.metadata.resourceVersion)).toBeGreaterThan(Number((JSON.parse(before) as List).items[1]?.metadata.resourceVersion));
+      const moved = (k: number): string[] => (list.items[k]?.endpoints ?? []).map((e) => e.addresses[0] as string);
+      expect(new Set(moved(3)).size).toBe(10);
+      expect(moved(3)).not.toEqual((JSON.parse(before) as List).items[3]?.endpoints?.map((e) => e.addresses[0]));
+      expect(formatting === 'pretty' ? after.startsWith('{\n    "apiVersion": "v1",\n    "items": [\n        {\n') : !after.slice(0, -1).includes('\n')).toBe(true);
+    }
     expect(new Set(Array.from({ length: 300 }, (_, i) => scaleClusterIP(i))).size).toBe(300);
     expect(scaleClusterIP(253)).toBe('10.78.1.254');
     expect(scaleClusterIP(254)).toBe('10.78.2.1');

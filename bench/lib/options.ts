@@ -1,10 +1,14 @@
 import { availableParallelism } from 'node:os';
 import { parseArgs } from 'node:util';
 import { PROXY_PROTOCOL_ANNOTATION } from '../../src/core/annotations.js';
+import type { WriteMode } from './endpoint-move.js';
 import { SYSTEM_IDS, type SystemId } from './plan.js';
+import type { Formatting } from './state-file.js';
 
 export const LOAD_WORKLOADS = ['tcp-bulk', 'tcp-bulk-down', 'http-keepalive', 'http-close', 'udp-pingpong', 'dns'] as const;
-export const SCALE_WORKLOADS = ['scale-start', 'endpoint-move', 'idle-conns', 'iptables-scale'] as const;
+export const SCALE_WORKLOADS = ['scale-start', 'endpoint-move', 'file-churn', 'api-churn', 'conn-burst', 'idle-conns', 'iptables-scale'] as const;
+const FORMATTINGS: readonly Formatting[] = ['pretty', 'compact'];
+const WRITE_MODES: readonly WriteMode[] = ['rename', 'in-place'];
 /** What the iptables-scale workload installs: ClusterIP Services, or NodePort ones (a ClusterIP and a node port each). */
 export const IPTABLES_KINDS = ['clusterip', 'nodeport'] as const;
 export type IptablesKind = (typeof IPTABLES_KINDS)[number];
@@ -21,10 +25,30 @@ export interface Options {
   warmupS: number;
   workloads: WorkloadId[];
   systems: SystemId[];
-  /** Service-port counts for the start-up run. */
+  /** Service counts for the start-up run. */
   scalePorts: number[];
-  /** Service ports loaded during the endpoint move. */
+  /** Endpoints per Service in the scale runs (the probe Service has one). */
+  endpoints: number;
+  /** How the state files are written: as kubectl prints them, or on one line. */
+  formats: Formatting[];
+  /** Services loaded during the endpoint move and the churn runs. */
   movePorts: number;
+  /** Endpoint moves timed per formatting and write mode. */
+  moveTrials: number;
+  /** How a state file is written for a move: renamed over the old one, or in place. */
+  writes: WriteMode[];
+  /** In-place writes: how long the file stays empty before it is written (kubectl's round trip). */
+  inPlaceGapMs: number;
+  churnSeconds: number;
+  /** Services whose endpoints change per second during a churn run. */
+  churnRate: number;
+  /** State-file writes (API: batches of events) per second during a churn run. */
+  churnWrites: number;
+  /** Seconds RSS is watched after a churn run stops. */
+  churnAfter: number;
+  churnRuns: number;
+  /** Connections per burst. */
+  burst: number;
   idleConns: number;
   /** Services installed by the iptables-scale workload before it adds one more. */
   iptablesServices: number[];
@@ -70,8 +94,21 @@ export const USAGE = `usage: node dist/bench/run.js [options]   (npm run bench)
   --warmup S            unrecorded warm-up per system and workload (default 1; 0 for none)
   --only LIST           workloads: ${ALL.join(',')}
   --systems LIST        systems: ${SYSTEM_IDS.join(',')} (default all)
-  --scale LIST          service ports for the start-up run (default 1000,10000)
-  --move-ports N        service ports loaded during the endpoint move (default 10000)
+  --scale LIST          Services for the start-up runs (default 10000,30000)
+  --endpoints N         endpoints per Service in the scale runs (default 10)
+  --formats LIST        state files pretty-printed as kubectl prints them, or compact on one line
+                        (default pretty,compact)
+  --move-ports N        Services loaded during the endpoint moves and the churn runs (default 10000)
+  --move-trials N       endpoint moves timed per formatting and write mode (default 20)
+  --writes LIST         how a move's file is written: rename (write a temp file, rename it over)
+                        and/or in-place (emptied, then written, as a shell redirect does) (default both)
+  --in-place-gap MS     in-place writes: how long the file stays empty first (default 150)
+  --churn-seconds S     length of a churn run (default 60)
+  --churn-rate N        Services whose endpoints change per second (default 100)
+  --churn-writes N      file rewrites (API: batches of events) per second (default 10)
+  --churn-after S       seconds RSS is watched after the churn stops (default 10)
+  --churn-runs N        churn runs per source and formatting (default 1)
+  --burst N             connections per burst (default 1000); --runs bursts
   --idle-conns N        idle proxied connections held open (default 9000)
   --iptables-scale LIST Services the iptables portal holds in the iptables-scale workload, before
                         it adds one (default 0,1000,10000; needs root and iptables)
@@ -140,7 +177,18 @@ export function parseOptions(argv: readonly string[], defaultOutDir: string): Op
       only: { type: 'string' },
       systems: { type: 'string' },
       scale: { type: 'string' },
+      endpoints: { type: 'string' },
+      formats: { type: 'string' },
       'move-ports': { type: 'string' },
+      'move-trials': { type: 'string' },
+      writes: { type: 'string' },
+      'in-place-gap': { type: 'string' },
+      'churn-seconds': { type: 'string' },
+      'churn-rate': { type: 'string' },
+      'churn-writes': { type: 'string' },
+      'churn-after': { type: 'string' },
+      'churn-runs': { type: 'string' },
+      burst: { type: 'string' },
       'idle-conns': { type: 'string' },
       'iptables-scale': { type: 'string' },
       'iptables-kinds': { type: 'string' },
@@ -163,7 +211,7 @@ export function parseOptions(argv: readonly string[], defaultOutDir: string): Op
     },
     strict: true,
   });
-  const scalePorts = (values.scale ?? '1000,10000').split(',').map((s) => int('scale', s.trim(), 0, 1));
+  const scalePorts = (values.scale ?? '10000,30000').split(',').map((s) => int('scale', s.trim(), 0, 1));
   const workers = int('workers', values.workers, 1, 1);
   // The cores dimension: every system with N workers, all of them (and the load) on every core.
   const manyWorkers = workers > 1;
@@ -175,7 +223,18 @@ export function parseOptions(argv: readonly string[], defaultOutDir: string): Op
     workloads: list('only', values.only, ALL, ALL),
     systems: list('systems', values.systems, SYSTEM_IDS, SYSTEM_IDS),
     scalePorts,
+    endpoints: int('endpoints', values.endpoints, 10, 1),
+    formats: list('formats', values.formats, FORMATTINGS, FORMATTINGS),
     movePorts: int('move-ports', values['move-ports'], 10_000, 1),
+    moveTrials: int('move-trials', values['move-trials'], 20, 1),
+    writes: list('writes', values.writes, WRITE_MODES, WRITE_MODES),
+    inPlaceGapMs: int('in-place-gap', values['in-place-gap'], 150, 0),
+    churnSeconds: int('churn-seconds', values['churn-seconds'], 60, 1),
+    churnRate: int('churn-rate', values['churn-rate'], 100, 1),
+    churnWrites: int('churn-writes', values['churn-writes'], 10, 1),
+    churnAfter: int('churn-after', values['churn-after'], 10, 0),
+    churnRuns: int('churn-runs', values['churn-runs'], 1, 1),
+    burst: int('burst', values.burst, 1000, 1),
     idleConns: int('idle-conns', values['idle-conns'], 9000, 1),
     iptablesServices: (values['iptables-scale'] ?? '0,1000,10000').split(',').map((s) => int('iptables-scale', s.trim(), 0, 0)),
     iptablesKinds: list('iptables-kinds', values['iptables-kinds'], IPTABLES_KINDS, IPTABLES_KINDS),
@@ -197,7 +256,9 @@ export function parseOptions(argv: readonly string[], defaultOutDir: string): Op
     render: values.render,
     help: values.help ?? false,
   };
-  if (Math.max(...o.scalePorts, o.movePorts) > 254 * 254) throw new Error(`--scale/--move-ports: at most ${254 * 254} service ports`);
+  if (Math.max(...o.scalePorts, o.movePorts) > 254 * 254) throw new Error(`--scale/--move-ports: at most ${254 * 254} Services`);
+  if (o.endpoints > 250) throw new Error('--endpoints: at most 250');
+  if (Math.min(...o.scalePorts, o.movePorts) < 2) throw new Error('--scale/--move-ports: at least 2 Services (Service 0 is the probe)');
   if (Math.max(...o.iptablesServices) > 20_000) throw new Error('--iptables-scale: at most 20000 Services');
   for (const a of o.serviceAnnotations) if (!/^[^=]+=/.test(a)) throw new Error(`--service-annotation: "${a}" is not NAME=VALUE`);
   if (o.proxyProtocol) {

@@ -90,9 +90,20 @@ export class Processes {
     await Promise.all([...this.live].map((e) => e.started.stop()));
   }
 
-  /** For exit paths that cannot wait: SIGKILL each process still running, by its PID. */
+  /**
+   * For exit paths that cannot wait for events: SIGTERM each process still running, by its PID,
+   * then SIGKILL what is left half a second later. SIGTERM first, because an nginx master killed
+   * outright leaves its workers behind, still listening on the bench's addresses.
+   */
   killAllNow(): void {
-    for (const e of this.live) if (e.started.running()) e.child.kill('SIGKILL');
+    const running = [...this.live].filter((e) => e.started.running());
+    for (const e of running) e.child.kill('SIGTERM');
+    if (running.length === 0) return;
+    // A blocking wait: the caller exits right after, so the event loop will not run again.
+    Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 500);
+    for (const e of running) {
+      if (e.child.pid !== undefined && isAlive(e.child.pid)) e.child.kill('SIGKILL');
+    }
   }
 
   /** Run a tool to completion (bounded by `timeoutMs`), pinned to `cpu`. */
@@ -105,6 +116,19 @@ export class Processes {
       });
     });
   }
+}
+
+/** Whether a process (that this harness started) still exists; a zombie not yet reaped counts as gone. */
+function isAlive(pid: number): boolean {
+  try {
+    return parseProcStatState(readFileSync(`/proc/${pid}/stat`, 'utf8')) !== 'Z';
+  } catch {
+    return false;
+  }
+}
+
+function parseProcStatState(text: string): string {
+  return text.slice(text.lastIndexOf(')') + 2, text.lastIndexOf(')') + 3);
 }
 
 export function sleep(ms: number): Promise<void> {

@@ -16,9 +16,10 @@ export function fmtNum(v: number): string {
   return v.toPrecision(2);
 }
 
-/** median ±half the min–max range, in percent of the median. */
-function cell(s: Summary | undefined): string {
+/** median ±half the min–max range, in percent of the median; or median and p99, for workloads of many trials. */
+function cell(s: Summary | undefined, p99 = false): string {
   if (!s) return '';
+  if (p99 && s.n >= 2) return `${fmtNum(s.median)} (p99 ${fmtNum(s.p99)})`;
   if (s.n < 2 || s.median === 0) return fmtNum(s.median);
   return `${fmtNum(s.median)} ±${(s.spreadPct / 2).toFixed(s.spreadPct < 2 ? 1 : 0)}%`;
 }
@@ -52,14 +53,20 @@ export function targetLine(t: TargetResult): string {
 export function renderTable(r: BenchResults): string {
   const out: string[] = [];
   const { runs, workers } = (r.meta.options as { runs?: number; workers?: number } | undefined) ?? {};
-  out.push('', `Each figure: the median of ${runs ?? 'the'} runs, ± half the range between the slowest and the fastest run.`);
+  out.push('', `Each figure: the median of ${runs ?? 'the'} runs, ± half the range between the slowest and the fastest run; (p99 …): the 99th percentile of the trials.`);
   out.push('↑ higher is better, ↓ lower is better. Ratios are proxy ÷ other, medians of the same run.');
   for (const w of r.workloads) {
     const systems = SYSTEM_IDS.filter((s) => r.figures.some((f) => f.workload === w.id && f.system === s));
     if (systems.length === 0) continue;
     const metrics = w.metrics.filter((m) => r.figures.some((f) => f.workload === w.id && f.metric === m.key));
+    if (systems.length === 1 && systems[0] === 'proxy') {
+      // The proxy alone (the scale runs): one line per figure reads better than a wide row.
+      out.push('', w.title, ...table(metrics.map((m) => [header(m), cell(findFigure(r.figures, w.id, 'proxy', m.key), w.p99)])));
+      for (const f of r.runs.filter((x) => x.workload === w.id && x.error)) out.push(`  ! run ${f.run}: ${f.error}`);
+      continue;
+    }
     const rows: string[][] = [['', ...metrics.map(header)]];
-    for (const s of systems) rows.push([systemLabel(s, workers), ...metrics.map((m) => cell(findFigure(r.figures, w.id, s, m.key)))]);
+    for (const s of systems) rows.push([systemLabel(s, workers), ...metrics.map((m) => cell(findFigure(r.figures, w.id, s, m.key), w.p99))]);
     for (const other of ['nginx', 'haproxy'] as const) {
       if (!systems.includes('proxy') || !systems.includes(other)) continue;
       rows.push([`proxy ÷ ${other === 'nginx' ? 'nginx stream' : 'HAProxy'}`, ...metrics.map((m) => {

@@ -19,6 +19,8 @@ export interface RunRecord {
   system: SystemId;
   run: number;
   metrics: Record<string, number>;
+  /** Samples over the run's time (RSS every second, for one), for the JSON. */
+  series?: Record<string, number[]>;
   /** Set when the run failed; its metrics are then empty. */
   error?: string;
 }
@@ -66,6 +68,8 @@ export interface WorkloadInfo {
   id: string;
   title: string;
   metrics: MetricDef[];
+  /** Show the runs' 99th percentile beside their median (workloads of many short trials). */
+  p99?: boolean;
 }
 
 export interface BenchResults {

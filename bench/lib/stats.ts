@@ -6,6 +6,8 @@ export interface Summary {
   max: number;
   /** (max - min) / median, in percent: how far apart the runs were. */
   spreadPct: number;
+  /** The 99th percentile, nearest rank: the largest value of fewer than 100 runs. */
+  p99: number;
 }
 
 export function median(values: readonly number[]): number {
@@ -21,7 +23,7 @@ export function summarize(values: readonly number[]): Summary {
   const min = finite.length ? Math.min(...finite) : NaN;
   const max = finite.length ? Math.max(...finite) : NaN;
   const spreadPct = m !== 0 && Number.isFinite(m) ? ((max - min) / Math.abs(m)) * 100 : 0;
-  return { n: finite.length, median: m, min, max, spreadPct };
+  return { n: finite.length, median: m, min, max, spreadPct, p99: percentile(finite, 99) };
 }
 
 /** The p-th percentile (0..100) of samples, nearest rank. */

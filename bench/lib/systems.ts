@@ -53,11 +53,15 @@ export interface ProxyStart {
   workers: number;
   /** File-name-safe name, for its CPU profile under --profile. */
   slug: string;
-  stateFile: string;
+  /** The state file to serve, or (kubeconfig) the API server to watch. */
+  stateFile?: string;
+  kubeconfig?: string;
   admin: HostPort;
   /** Flags added after the harness's own (--proxy-arg, for example --log-level=warn). */
   extraArgs: readonly string[];
   logFile: string;
+  /** Run the proxy with this open-file limit (soft and hard), through prlimit. */
+  nofile?: number;
 }
 
 /** The proxy CLI as a user runs it: `--portal loopback` and a state file, pinned to the proxy core. */
@@ -69,7 +73,7 @@ export function spawnProxy(ctx: Context, s: ProxyStart): Started {
     ...profile,
     ...ctx.options.nodeArgs,
     ctx.proxyMain,
-    '--state', s.stateFile,
+    ...(s.kubeconfig !== undefined ? ['--kubeconfig', s.kubeconfig] : ['--state', s.stateFile ?? '']),
     '--portal', 'loopback',
     // The proxy's own worker processes (they inherit the node flags given here, and the pinning).
     // Left out for one: the loopback portal's default, and builds from before --workers take it.
@@ -87,6 +91,8 @@ export function spawnProxy(ctx: Context, s: ProxyStart): Started {
     const at = e.indexOf('=');
     env[e.slice(0, at)] = e.slice(at + 1);
   }
+  // prlimit sets the limit and execs node: the PID stays the proxy's own, as with taskset.
+  if (s.nofile !== undefined) return ctx.procs.start(s.name, path(ctx.tools, 'prlimit'), [`--nofile=${s.nofile}:${s.nofile}`, '--', ctx.proxyNode, ...args], { cpu: ctx.pin.proxyCpus, logFile: s.logFile, env });
   return ctx.procs.start(s.name, ctx.proxyNode, args, { cpu: ctx.pin.proxyCpus, logFile: s.logFile, env });
 }
 

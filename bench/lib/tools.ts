@@ -6,10 +6,11 @@ import { delimiter, join } from 'node:path';
  * The external programs the harness drives. Nothing is installed at run time: a tool that is not
  * there skips what needs it, with a line naming the Debian package that provides it.
  */
-export type ToolName = 'taskset' | 'nginx' | 'nginx-stream' | 'haproxy' | 'wrk' | 'iperf3' | 'sockperf' | 'dnsperf' | 'dnsmasq';
+export type ToolName = 'taskset' | 'prlimit' | 'nginx' | 'nginx-stream' | 'haproxy' | 'wrk' | 'iperf3' | 'sockperf' | 'dnsperf' | 'dnsmasq';
 
 export const PACKAGES: Readonly<Record<ToolName, string>> = {
   taskset: 'util-linux',
+  prlimit: 'util-linux',
   nginx: 'nginx-core',
   'nginx-stream': 'libnginx-mod-stream',
   haproxy: 'haproxy',
@@ -22,6 +23,7 @@ export const PACKAGES: Readonly<Record<ToolName, string>> = {
 
 const BINARIES: Readonly<Record<Exclude<ToolName, 'nginx-stream'>, string>> = {
   taskset: 'taskset',
+  prlimit: 'prlimit',
   nginx: 'nginx',
   haproxy: 'haproxy',
   wrk: 'wrk',
@@ -82,7 +84,7 @@ function firstLine(cmd: string, args: string[]): Promise<string> {
   });
 }
 
-const VERSION_ARGS: Readonly<Record<Exclude<ToolName, 'nginx-stream' | 'taskset'>, string[]>> = {
+const VERSION_ARGS: Readonly<Record<Exclude<ToolName, 'nginx-stream' | 'taskset' | 'prlimit'>, string[]>> = {
   nginx: ['-v'],
   haproxy: ['-v'],
   wrk: ['--version'],
