@@ -1,5 +1,5 @@
 import { Command, CommanderError, Option } from 'commander';
-import { DEFAULTS, DIALERS, type RawOptions } from './config.js';
+import { AFTER_HANDOVER, DEFAULTS, DIALERS, type RawOptions } from './config.js';
 import { PORTAL_MODES } from './seams/portal.js';
 import { VERSION } from './version.js';
 
@@ -58,6 +58,7 @@ export function buildProgram(capture: { out: string; err: string }): Command {
     .option('--socks-bind-address <host:port>', 'a SOCKS5 and HTTP CONNECT proxy on this address that reaches Services by name or ClusterIP (curl --socks5-hostname, ALL_PROXY=socks5h://, HTTPS_PROXY=http://) (default: off)')
     .option('--cluster-domain <domain>', `the domain Service names end in (default: ${DEFAULTS.clusterDomain})`)
     .option('--hosts-file <file>', 'keep a block of Service names in this hosts-format file (e.g. /etc/hosts, as root); removed on exit and by --cleanup')
+    .option('--after-handover <what>', `once handed over and drained: ${AFTER_HANDOVER.join(' or ')} (wait: idle until SIGTERM, as a DaemonSet's container must, or the kubelet restarts it) (default: ${DEFAULTS.afterHandover})`)
     .option('--handover-socket <file>', 'a unix socket through which a starting proxy takes over from the running one without closing a port; established connections drain on the old process for --shutdown-grace-period (see docs/handover.md)')
     .option('--outlier-consecutive-failures <n>', `passive health: set an endpoint aside after this many failed dials in a row (refused, timed out, reset before any byte); 0 turns it off (default: ${DEFAULTS.outlierConsecutiveFailures})`)
     .option('--outlier-base-ejection-time <duration>', `passive health: how long an endpoint is first set aside; doubled on each repeat (default: ${DEFAULTS.outlierBaseEjectionTime})`)
@@ -76,7 +77,7 @@ const STRING_OPTIONS = [
   'config', 'writeConfigTo', 'state', 'portal', 'kubeconfig', 'master', 'hostnameOverride', 'bindAddress',
   'proxyPortRange', 'udpTimeout', 'maxUdpSessions', 'tcpKeepalive', 'tcpIdleTimeout', 'workers', 'metricsBindAddress', 'healthzBindAddress',
   'iptablesSyncPeriod', 'iptablesMinSyncPeriod', 'nodeportAddresses', 'serviceClusterIpRange',
-  'shutdownGracePeriod', 'configSyncPeriod', 'logLevel', 'dnsBindAddress', 'socksBindAddress', 'clusterDomain', 'hostsFile', 'handoverSocket', 'dialer',
+  'shutdownGracePeriod', 'configSyncPeriod', 'logLevel', 'dnsBindAddress', 'socksBindAddress', 'clusterDomain', 'hostsFile', 'handoverSocket', 'afterHandover', 'dialer',
   'outlierConsecutiveFailures', 'outlierBaseEjectionTime', 'outlierMaxEjectionTime', 'outlierMaxEjectionPercent',
   'holdMaxPerServicePort', 'holdMaxPerNode',
 ] as const satisfies ReadonlyArray<keyof RawOptions>;

@@ -80,10 +80,22 @@ async function main(argv: string[]): Promise<number> {
   }
   if (successor !== undefined) {
     // Drain whatever signals come: the successor serves, and established connections finish here.
-    process.on('SIGTERM', () => undefined);
-    process.on('SIGINT', () => undefined);
+    // With --after-handover wait, a signal after the drain ends the wait.
+    let stopAsked: (() => void) | undefined;
+    const stopped = new Promise<void>((resolve) => (stopAsked = resolve));
+    process.on('SIGTERM', () => stopAsked?.());
+    process.on('SIGINT', () => stopAsked?.());
     logger.info({ to: successor.pid, version: successor.version, active: await proxy.activeConnectionsNow(), graceMs: config.shutdownGracePeriodMs }, 'handed over: no new connections here; established ones may finish');
     const { cut } = await proxy.retire();
+    if (config.afterHandover === 'wait') {
+      // Idle, holding no socket: a container that exits here would be restarted by the kubelet
+      // before its pod is deleted, and would take over from the successor.
+      logger.info({ cut }, 'handed over and drained: idle until stopped (--after-handover wait)');
+      // Signal handlers do not keep Node's event loop alive; with no socket left, a timer must.
+      const idle = setInterval(() => undefined, 2 ** 30);
+      await stopped;
+      clearInterval(idle);
+    }
     logger.info({ cut }, 'stopped');
     logger.flush();
     return 0;

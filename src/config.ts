@@ -10,6 +10,8 @@ import type { LevelWithSilent } from 'pino';
 
 /** How endpoints are reached: a TCP connect to the endpoint, or a stream through the API server's pods/portforward. */
 export const DIALERS = ['direct', 'port-forward'] as const;
+/** `--after-handover`: what a process does once it handed over and its connections are done. */
+export const AFTER_HANDOVER = ['exit', 'wait'] as const;
 export type DialerKind = (typeof DIALERS)[number];
 
 /** The validated configuration every part is built from. */
@@ -64,6 +66,12 @@ export interface ProxyConfig {
    */
   handoverSocket?: string;
   /**
+   * `--after-handover`: `exit` once handed over and drained, or `wait` (idle, no socket) for
+   * SIGTERM: in a DaemonSet, a container that exits is restarted by the kubelet, and that restart
+   * would take over from the successor (docs/handover.md).
+   */
+  afterHandover: (typeof AFTER_HANDOVER)[number];
+  /**
    * `--workers`: processes that serve connections; `auto` is one per core
    * (os.availableParallelism(), resolved at start). 1 serves from the controller's own process.
    */
@@ -109,6 +117,7 @@ export interface RawOptions {
   clusterDomain?: string;
   hostsFile?: string;
   handoverSocket?: string;
+  afterHandover?: string;
   outlierConsecutiveFailures?: string;
   outlierBaseEjectionTime?: string;
   outlierMaxEjectionTime?: string;
@@ -145,6 +154,7 @@ export const DEFAULTS = {
   holdMaxPerServicePort: '100',
   holdMaxPerNode: '1000',
   dialer: 'direct' as DialerKind,
+  afterHandover: 'exit' as (typeof AFTER_HANDOVER)[number],
 };
 
 /**
@@ -281,6 +291,7 @@ export function buildConfig(raw: RawOptions): ProxyConfig {
     holdMaxPerNode: wholeNumber('hold-max-per-node', raw.holdMaxPerNode ?? DEFAULTS.holdMaxPerNode, 0),
     emitEvents: raw.emitEvents ?? false,
     dialer: oneOf('dialer', raw.dialer ?? DEFAULTS.dialer, DIALERS),
+    afterHandover: oneOf('after-handover', raw.afterHandover ?? DEFAULTS.afterHandover, AFTER_HANDOVER),
     namespaces: namespaceList(raw.namespaces ?? []),
     cleanup: raw.cleanup ?? false,
   };

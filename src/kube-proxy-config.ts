@@ -4,7 +4,7 @@ import { hostPort, isIP, parseCidrFlag, parseHostPort } from './core/address.js'
 import { parseClusterDomain } from './core/cluster-names.js';
 import { formatDuration, parseDuration } from './core/duration.js';
 import { formatPortRange, parsePortRange } from './core/port-allocator.js';
-import { DIALERS, parseWorkers, type ProxyConfig, type RawOptions } from './config.js';
+import { AFTER_HANDOVER, DIALERS, parseWorkers, type ProxyConfig, type RawOptions } from './config.js';
 import { ProxyError, UsageError, errnoCode } from './core/errors.js';
 import { PORTAL_MODES } from './seams/portal.js';
 import { LOG_LEVELS } from './log.js';
@@ -206,6 +206,7 @@ const SCHEMA: Schema = {
       clusterDomain: stringOption('clusterDomain', (v, at) => parseClusterDomain(v, at)),
       hostsFile: stringOption('hostsFile'),
       handoverSocket: stringOption('handoverSocket'),
+      afterHandover: { type: 'string', apply: (v, at, out) => { out.afterHandover = oneOf(v as string, AFTER_HANDOVER, at); } },
       outlierDetection: {
         type: {
           consecutiveFailures: countOption('outlierConsecutiveFailures'),
@@ -441,6 +442,7 @@ export function toKubeProxyConfiguration(config: ProxyConfig): Record<string, un
       clusterDomain: config.clusterDomain,
       hostsFile: config.hostsFile ?? '',
       handoverSocket: config.handoverSocket ?? '',
+      afterHandover: config.afterHandover,
       outlierDetection: {
         consecutiveFailures: config.outlier.consecutiveFailures,
         baseEjectionTime: formatDuration(config.outlier.baseEjectionMs),

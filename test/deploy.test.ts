@@ -169,6 +169,9 @@ describe('the DaemonSet', () => {
     const init = spec.initContainers?.find((c) => c.volumeMounts?.some((m) => m.name === mount?.name));
     expect(init?.command.join(' ')).toContain('tcp_migrate_req');
     expect(init?.command.join(' ')).toContain(`chown 65532:65532 ${mount?.mountPath}`);
+    // A drained old process must not exit before its pod is deleted: the kubelet would restart it,
+    // and the restart would take over from the new pod's proxy.
+    expect(config.afterHandover).toBe('wait');
   });
 
   it('runs the image version package.json names, and lets the shutdown grace period finish', () => {

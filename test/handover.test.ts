@@ -2,7 +2,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import type { Spawned } from './helpers/cli.js';
 import { waitFor } from './helpers/net.js';
 import { startLoad, type Load, type LoadOptions, type LoadResult } from './helpers/handover-load.js';
-import { createHandoverNode, HO, type HandoverNode } from './helpers/handover-node.js';
+import { createHandoverNode, HO, loggedPid, type HandoverNode } from './helpers/handover-node.js';
 import { iptablesSkipReason, netnsSkipReason, nsExec, nsRequest, reportSkip } from './helpers/netns.js';
 
 /**
@@ -124,6 +124,26 @@ describe('hand-over faults', () => {
     await next.waitForLine(/took over from the previous process/, 30_000);
     expect(await old.exited).toBe(0);
     expect(await request(node, 'next')).toBe('be:next');
+  }, 120_000);
+
+  it.skipIf(netnsSkipReason !== undefined)('--after-handover wait: the drained old process stays, idle and holding no port, until SIGTERM', async () => {
+    node = await createHandoverNode('howait');
+    const old = node.proxy(['--after-handover', 'wait']);
+    await old.waitForLine(/answering hand-overs/, 30_000);
+    const next = node.proxy(['--after-handover', 'wait']);
+    await next.waitForLine(/took over from the previous process/, 30_000);
+    // Nothing to drain: it says so and waits (a DaemonSet's container must not exit before its pod
+    // is deleted, or the kubelet restarts it and the restart takes over from the successor).
+    await old.waitForLine(/handed over and drained: idle until stopped/, 30_000);
+    expect(await request(node, 'served')).toBe('be:served');
+    expect(old.child.exitCode).toBeNull();
+    // Holding no port: a third process takes over from the second, not from the idle one.
+    const third = node.proxy();
+    await third.waitForLine(/took over from the previous process/, 30_000);
+    expect(logged(third, /took over from the previous process/)[0]?.from).toBe(loggedPid(next));
+    old.child.kill('SIGTERM');
+    expect(await old.exited).toBe(0);
+    expect(logged(old, /^stopped$/)).toEqual([expect.objectContaining({ cut: 0 })]);
   }, 120_000);
 
   it.skipIf(netnsSkipReason !== undefined)('a new process killed mid-hand-over leaves the old one serving; a second one meanwhile is refused; a later one takes over', async () => {
