@@ -356,7 +356,7 @@ export class TcpConnection {
   }
 
   /** The client's listeners: shared by every connection, each finds its own through the socket (CONNECTION). */
-  private static readonly clientListeners = {
+  private static readonly clientListeners: ClientListeners = {
     error(this: ClientSocket, err: Error): void {
       this[CONNECTION].onClientError(err);
     },
@@ -518,6 +518,15 @@ export class TcpConnection {
 const CONNECTION = Symbol('tcp-connection');
 
 type ClientSocket = Socket & { [CONNECTION]: TcpConnection };
+
+/** Plain function-typed fields: each is attached as is, with the socket as `this`. */
+interface ClientListeners {
+  readonly error: (this: ClientSocket, err: Error) => void;
+  readonly close: (this: ClientSocket) => void;
+  readonly data: (this: ClientSocket, chunk: Buffer) => void;
+  readonly end: (this: ClientSocket) => void;
+  readonly drain: (this: ClientSocket) => void;
+}
 
 /**
  * One dial for one client. The addresses are read only if the dialer asks: each is a
