@@ -38,6 +38,8 @@ describe('TcpConnection: the client socket listeners', () => {
       released: (conn) => released.push(conn),
       hold: () => false,
       holdEnded: () => {},
+      proxyProtocol: false,
+      proxyHeader: () => undefined,
     };
     const accepted: Socket[] = [];
     const server: Server = createServer({ allowHalfOpen: true, pauseOnConnect: true }, (client) => {
