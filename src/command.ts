@@ -87,6 +87,8 @@ async function main(argv: string[]): Promise<number> {
     process.on('SIGINT', () => stopAsked?.());
     logger.info({ to: successor.pid, version: successor.version, active: await proxy.activeConnectionsNow(), graceMs: config.shutdownGracePeriodMs }, 'handed over: no new connections here; established ones may finish');
     const { cut } = await proxy.retire();
+    // A signal that came during the hand-over (the pod deleted meanwhile) was the stop already.
+    if (typeof next === 'string') stopAsked?.();
     if (config.afterHandover === 'wait') {
       // Idle, holding no socket: a container that exits here would be restarted by the kubelet
       // before its pod is deleted, and would take over from the successor.

@@ -7,11 +7,14 @@ import { heapTuningEnv } from './core/heap-tuning.js';
  * core/heap-tuning.ts): same PID, same arguments, the settings added. Then the command runs.
  */
 const tuned = heapTuningEnv(process.platform, process.env);
-if (tuned !== undefined && typeof process.execve === 'function') {
+// Not under a debugger (--inspect-brk would stop twice, and the re-executed process loses it).
+const debugging = process.execArgv.some((a) => a.startsWith('--inspect'));
+if (tuned !== undefined && !debugging && typeof process.execve === 'function') {
   try {
     process.execve(process.execPath, [process.execPath, ...process.execArgv, ...process.argv.slice(1)], tuned);
   } catch (err) {
-    // Not fatal: the proxy runs as well, only bulk transfers cost more CPU.
+    // Only argument checks throw: on Node 24 a failed execve(2) itself aborts the process (it
+    // throws from Node 26 on), which for the running node's own binary does not happen.
     process.stderr.write(`kube-userspace-proxy: could not re-execute with the heap settings for bulk traffic (${String(err)}); running without them\n`);
   }
 }

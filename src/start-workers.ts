@@ -38,8 +38,10 @@ export function workerInit(config: ProxyConfig, workers: number, seed: number, i
   };
 }
 
-/** The worker pool of `--workers N` (N >= 2), not yet launched. */
-/** The pool's modules load only with --workers >= 2: a one-process start-up does not pay for them. */
+/**
+ * The worker pool of `--workers N` (N >= 2), not yet launched. Its modules load only then: a
+ * one-process start-up does not pay for them.
+ */
 export async function createWorkerPool(config: ProxyConfig, workers: number, logger: Logger): Promise<WorkerPool> {
   const [{ ForkLauncher }, { WorkerPool }] = await Promise.all([import('./io/workers/fork-launcher.js'), import('./workers/worker-pool.js')]);
   // The same in every worker of this run, different at every start and on every node.

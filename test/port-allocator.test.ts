@@ -258,4 +258,30 @@ describe('proxy ports of a unit set', () => {
       await units.shutdown(0);
     }
   });
+
+  it("keeps a batch's preferred ports for their units: an earlier unit of the batch does not take a later one's", async () => {
+    // Under a hand-over the old process still listens on the preferred port (SO_REUSEPORT), so a
+    // bind would succeed for whichever unit asked first and split that port's traffic.
+    const base = await freePort('127.0.0.1');
+    const logger = silentLogger();
+    // A source that always starts the scan at the range's first port: the one `b` prefers.
+    const units = new LocalUnitSet({
+      logger,
+      balancerFactory: roundRobinFactory,
+      socketFactory: proxySocketFactory({ udpIdleTimeoutMs: 1000, maxUdpSessions: 10, reusePort: true, tcpKeepAliveMs: 15_000, tcpIdleTimeoutMs: 0, holdMaxPerServicePort: 10, holdMaxPerNode: 10 }, logger, new UdpReceiveBuffers({ logger })),
+      portAllocator: new PortAllocator({ base, size: 2 }, () => 0),
+      clock: systemClock,
+      random: Math.random,
+      bindAddress: '127.0.0.1',
+      sweepIntervalMs: 1000,
+    });
+    try {
+      await units.apply({ close: [], recreate: [], open: [open('default/a:http'), { ...open('default/b:http'), preferredProxyPort: base }], update: [] });
+      const ports = new Map(units.views().map((v) => [v.unit.id, v.proxyPort]));
+      expect(ports.get('default/b:http')).toBe(base);
+      expect(ports.get('default/a:http')).toBe(base + 1);
+    } finally {
+      await units.shutdown(0);
+    }
+  });
 });

@@ -132,6 +132,20 @@ export class PortAllocator {
     return true;
   }
 
+  /**
+   * Keeps a free `port` from allocateNext() until its own unit claims it (claim() takes a
+   * quarantined port) or the next releaseQuarantined(): a batch's preferred ports are reserved
+   * before any unit of it allocates, so an earlier unit cannot take a later one's. Under a
+   * hand-over the old process still listens there (SO_REUSEPORT), so a bind would not tell.
+   */
+  reserve(port: number): void {
+    const i = this.offset(port);
+    if (i === undefined || this.used[i] !== FREE) return;
+    this.take(i);
+    this.used[i] = QUARANTINED;
+    this.quarantined.push(i);
+  }
+
   /** Frees every quarantined port: the portal has been synced since they were quarantined. */
   releaseQuarantined(): void {
     for (const i of this.quarantined) {

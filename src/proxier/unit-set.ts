@@ -100,6 +100,8 @@ export class LocalUnitSet implements UnitSet, AffinityShare, TcpHandOffs {
     // The portal has been synced after the batch before (the loop syncs it after every batch that
     // closes a unit): the ports that batch freed point nowhere now.
     this.opts.portAllocator.releaseQuarantined();
+    // Each unit's preferred port is kept for it before any unit allocates one.
+    for (const o of [...batch.recreate, ...batch.open]) if (o.preferredProxyPort !== undefined) this.opts.portAllocator.reserve(o.preferredProxyPort);
     this.boundProxyPorts = [];
     this.heldProxyPorts = 0;
     let listenErrors = 0;

@@ -478,9 +478,15 @@ export class WorkerPool implements UnitSet {
     const message = make(id);
     return new Promise((resolve) => {
       const timer = setTimeout(() => {
-        slot.pending.delete(id);
-        resolve(undefined);
-        if (!this.stopping) this.killUnresponsive(slot, handle, message.t, timeoutMs);
+        // Timers run before pending I/O is read: after a stall of this process (a large relist,
+        // GC, throttling) the reply may be sitting in the channel. One turn of the poll phase
+        // delivers it before the worker is judged.
+        setImmediate(() => {
+          if (!slot.pending.has(id)) return;
+          slot.pending.delete(id);
+          resolve(undefined);
+          if (!this.stopping) this.killUnresponsive(slot, handle, message.t, timeoutMs);
+        });
       }, timeoutMs);
       slot.pending.set(id, (reply) => {
         clearTimeout(timer);

@@ -554,7 +554,8 @@ export class TcpConnection {
     // Closed without an error from the endpoint: it answered, if only with a FIN.
     if (this.unproven) this.proven();
     ctx.stats.bytesToClient += this.toClient;
-    if (upstream) ctx.stats.bytesToEndpoint += upstream.bytesWritten;
+    // The client's bytes: the PROXY header, when one went first, is ours.
+    if (upstream) ctx.stats.bytesToEndpoint += Math.max(0, upstream.bytesWritten - (this.header?.length ?? 0));
     if (endpoint) ctx.balancer.release(endpoint);
     if (ctx.debugEnabled()) {
       const halfClosed = { byClient: this.clientFinPassed, byEndpoint: this.endpointFinPassed };
