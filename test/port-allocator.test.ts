@@ -230,20 +230,23 @@ describe('PortAllocator quarantine', () => {
 describe('proxy ports of a unit set', () => {
   const unit = (id: string): ProxyUnit => ({ id, servicePort: id, service: id.split(':')[0] as string, protocol: 'TCP', scope: 'all', portals: [{ kind: 'clusterIP', ip: '10.96.0.10', port: 80 }], endpoints: [], affinity: { type: 'None', timeoutSeconds: 0 } });
   const open = (id: string): UnitOpen => ({ unit: unit(id), listen: [{ host: '127.0.0.1', port: 0, proxyPort: true, portals: [] }] });
-
-  it("does not hand a port closed in a batch to another unit of the same batch (the portal still points it at the closed one's)", async () => {
-    const port = await freePort('127.0.0.1');
+  const unitSet = (portAllocator: PortAllocator): LocalUnitSet => {
     const logger = silentLogger();
-    const units = new LocalUnitSet({
+    return new LocalUnitSet({
       logger,
       balancerFactory: roundRobinFactory,
       socketFactory: proxySocketFactory({ udpIdleTimeoutMs: 1000, maxUdpSessions: 10, reusePort: true, tcpKeepAliveMs: 15_000, tcpIdleTimeoutMs: 0, holdMaxPerServicePort: 10, holdMaxPerNode: 10 }, logger, new UdpReceiveBuffers({ logger })),
-      portAllocator: new PortAllocator({ base: port, size: 1 }, Math.random),
+      portAllocator,
       clock: systemClock,
       random: Math.random,
       bindAddress: '127.0.0.1',
       sweepIntervalMs: 1000,
     });
+  };
+
+  it("does not hand a port closed in a batch to another unit of the same batch (the portal still points it at the closed one's)", async () => {
+    const port = await freePort('127.0.0.1');
+    const units = unitSet(new PortAllocator({ base: port, size: 1 }, Math.random));
     try {
       await units.apply({ close: [], recreate: [], open: [open('default/a:http')], update: [] });
       expect(units.views()[0]?.proxyPort).toBe(port);
@@ -263,18 +266,8 @@ describe('proxy ports of a unit set', () => {
     // Under a hand-over the old process still listens on the preferred port (SO_REUSEPORT), so a
     // bind would succeed for whichever unit asked first and split that port's traffic.
     const base = await freePort('127.0.0.1');
-    const logger = silentLogger();
     // A source that always starts the scan at the range's first port: the one `b` prefers.
-    const units = new LocalUnitSet({
-      logger,
-      balancerFactory: roundRobinFactory,
-      socketFactory: proxySocketFactory({ udpIdleTimeoutMs: 1000, maxUdpSessions: 10, reusePort: true, tcpKeepAliveMs: 15_000, tcpIdleTimeoutMs: 0, holdMaxPerServicePort: 10, holdMaxPerNode: 10 }, logger, new UdpReceiveBuffers({ logger })),
-      portAllocator: new PortAllocator({ base, size: 2 }, () => 0),
-      clock: systemClock,
-      random: Math.random,
-      bindAddress: '127.0.0.1',
-      sweepIntervalMs: 1000,
-    });
+    const units = unitSet(new PortAllocator({ base, size: 2 }, () => 0));
     try {
       await units.apply({ close: [], recreate: [], open: [open('default/a:http'), { ...open('default/b:http'), preferredProxyPort: base }], update: [] });
       const ports = new Map(units.views().map((v) => [v.unit.id, v.proxyPort]));
