@@ -76,6 +76,16 @@ function legs(proxyPort: number, client: Socket, backendPort: number): { accepte
   return { ...(accepted ? { accepted } : {}), ...(dialed ? { dialed } : {}), ...(own ? { client: own } : {}) };
 }
 
+/** The legs as the kernel shows them, once `ok` holds of them. */
+async function legsOnceThey(port: number, socket: Socket, echoPort: number, ok: (l: ReturnType<typeof legs>) => boolean, what: string): Promise<ReturnType<typeof legs>> {
+  let seen = legs(port, socket, echoPort);
+  await waitUntil(() => {
+    seen = legs(port, socket, echoPort);
+    return ok(seen);
+  }, `${what} (saw ${JSON.stringify(seen)})`);
+  return seen;
+}
+
 describe('TCP keepalive on both legs', () => {
   it('runs the keepalive timer on the accepted and the dialed socket, with the delay asked for', async () => {
     const echo = await backend();
@@ -84,11 +94,7 @@ describe('TCP keepalive on both legs', () => {
     socket.write('x');
     await got.until(1);
     // Once every byte is acknowledged, the timer the kernel runs on an idle socket is keepalive's.
-    let seen = legs(port, socket, echo.port);
-    await waitUntil(() => {
-      seen = legs(port, socket, echo.port);
-      return seen.accepted?.timer === 2 && seen.dialed?.timer === 2;
-    }, `keepalive timers on both proxy sockets (saw ${JSON.stringify(seen)})`);
+    const seen = await legsOnceThey(port, socket, echo.port, (l) => l.accepted?.timer === 2 && l.dialed?.timer === 2, 'keepalive timers on both proxy sockets');
     for (const leg of [seen.accepted, seen.dialed]) {
       expect(leg?.ticks).toBeGreaterThan(0);
       expect(leg?.ticks).toBeLessThanOrEqual(700); // 7 s, not the kernel's default of two hours
@@ -103,11 +109,7 @@ describe('TCP keepalive on both legs', () => {
     const { socket, got } = await connected(port);
     socket.write('x');
     await got.until(1);
-    let seen = legs(port, socket, echo.port);
-    await waitUntil(() => {
-      seen = legs(port, socket, echo.port);
-      return seen.accepted?.timer === 0 && seen.dialed?.timer === 0;
-    }, `no timer on either proxy socket (saw ${JSON.stringify(seen)})`);
+    await legsOnceThey(port, socket, echo.port, (l) => l.accepted?.timer === 0 && l.dialed?.timer === 0, 'no timer on either proxy socket');
   });
 });
 

@@ -10,6 +10,8 @@ import { DirectDialer } from '../src/io/net/direct-dialer.js';
 import { TcpProxySocket } from '../src/io/net/tcp-proxy.js';
 import { LoopbackPortal } from '../src/io/portal/loopback-portal.js';
 import { makeProxier } from './helpers/make-proxier.js';
+import type { Logger } from '../src/seams/logger.js';
+import type { ProxySocketFactory } from '../src/proxier/unit-set.js';
 import { endpointSlice, service } from './helpers/objects.js';
 import { captureLogger, connectTo, waitUntil, withDeadline, tcpBackend } from './helpers/proxy-fixtures.js';
 
@@ -17,6 +19,24 @@ const cleanups: (() => unknown)[] = [];
 afterEach(async () => {
   for (const fn of cleanups.splice(0).reverse()) await fn();
 });
+
+/** A sync loop over this process's sockets on the loopback portal, syncing at once. */
+function loopbackProxier(logger: Logger, socketFactory: ProxySocketFactory, portal = new LoopbackPortal()): ReturnType<typeof makeProxier> {
+  return makeProxier({
+    portal,
+    logger,
+    balancerFactory: (deps) => new RoundRobinBalancer(deps),
+    socketFactory,
+    portAllocator: new PortAllocator(undefined, Math.random),
+    clock: systemClock,
+    random: Math.random,
+    node: { name: 'n' },
+    minSyncPeriodMs: 0,
+    syncPeriodMs: 60_000,
+    sweepIntervalMs: 50,
+    bindAddress: '127.0.0.1',
+  });
+}
 
 function web(annotations: Record<string, unknown> = {}, rv = '1'): V1Service {
   const svc = service({ name: 'web', clusterIP: '10.96.0.10', ports: [{ name: 'http', port: 80 }, { name: 'dns', port: 53, protocol: 'UDP' }], resourceVersion: rv }) as { metadata: Record<string, unknown> };
@@ -76,20 +96,7 @@ describe('annotations under kube-userspace-proxy.io/', () => {
 
   it('logs a bad value once with the Service, however often the Service is synced', async () => {
     const { logger, records } = captureLogger('warn');
-    const { proxier } = makeProxier({
-      portal: new LoopbackPortal(),
-      logger,
-      balancerFactory: (deps) => new RoundRobinBalancer(deps),
-      socketFactory: (unit, balancer, stats) => new TcpProxySocket({ name: unit.id, balancer, dialer: new DirectDialer(), logger, stats }),
-      portAllocator: new PortAllocator(undefined, Math.random),
-      clock: systemClock,
-      random: Math.random,
-      node: { name: 'n' },
-      minSyncPeriodMs: 0,
-      syncPeriodMs: 60_000,
-      sweepIntervalMs: 50,
-      bindAddress: '127.0.0.1',
-    });
+    const { proxier } = loopbackProxier(logger, (unit, balancer, stats) => new TcpProxySocket({ name: unit.id, balancer, dialer: new DirectDialer(), logger, stats }));
     cleanups.push(() => proxier.shutdown(0));
     proxier.sink.upsertService(web({ [LOAD_BALANCER_ANNOTATION]: 'fewest' }, '1'));
     await proxier.setSynced();
@@ -107,24 +114,11 @@ describe('a changed annotation reaches the running unit', () => {
     const portal = new LoopbackPortal();
     const { logger } = captureLogger('warn');
     const made: TcpProxySocket[] = [];
-    const { proxier } = makeProxier({
-      portal,
-      logger,
-      balancerFactory: (deps) => new RoundRobinBalancer(deps),
-      socketFactory: (unit, balancer, stats) => {
-        const s = new TcpProxySocket({ name: unit.id, balancer, dialer: new DirectDialer(), logger, stats, ...(unit.holdWhenEmptyMs ? { holdWhenEmptyMs: unit.holdWhenEmptyMs } : {}) });
-        made.push(s);
-        return s;
-      },
-      portAllocator: new PortAllocator(undefined, Math.random),
-      clock: systemClock,
-      random: Math.random,
-      node: { name: 'n' },
-      minSyncPeriodMs: 0,
-      syncPeriodMs: 60_000,
-      sweepIntervalMs: 50,
-      bindAddress: '127.0.0.1',
-    });
+    const { proxier } = loopbackProxier(logger, (unit, balancer, stats) => {
+      const s = new TcpProxySocket({ name: unit.id, balancer, dialer: new DirectDialer(), logger, stats, ...(unit.holdWhenEmptyMs ? { holdWhenEmptyMs: unit.holdWhenEmptyMs } : {}) });
+      made.push(s);
+      return s;
+    }, portal);
     cleanups.push(() => proxier.shutdown(0));
     const tcpOnly = (annotations: Record<string, string>, rv: string): V1Service => {
       const svc = web(annotations, rv) as unknown as { spec: { ports: unknown[] } };

@@ -78,11 +78,16 @@ export function synReplyFrame(streamId: number, headerBlock: Uint8Array, flags =
   return frame;
 }
 
-export function rstStreamFrame(streamId: number, status: number): Buffer {
-  const frame = controlFrame(FrameType.RST_STREAM, 0, 8);
-  frame.writeUInt32BE(streamId, 8);
-  frame.writeUInt32BE(status, 12);
+/** A control frame whose payload is two 32-bit words (RST_STREAM, GOAWAY, WINDOW_UPDATE). */
+function twoWordFrame(type: number, first: number, second: number): Buffer {
+  const frame = controlFrame(type, 0, 8);
+  frame.writeUInt32BE(first, 8);
+  frame.writeUInt32BE(second, 12);
   return frame;
+}
+
+export function rstStreamFrame(streamId: number, status: number): Buffer {
+  return twoWordFrame(FrameType.RST_STREAM, streamId, status);
 }
 
 export function pingFrame(id: number): Buffer {
@@ -92,10 +97,7 @@ export function pingFrame(id: number): Buffer {
 }
 
 export function goAwayFrame(lastGoodStreamId: number, status: number = GoAwayStatus.OK): Buffer {
-  const frame = controlFrame(FrameType.GOAWAY, 0, 8);
-  frame.writeUInt32BE(lastGoodStreamId, 8);
-  frame.writeUInt32BE(status, 12);
-  return frame;
+  return twoWordFrame(FrameType.GOAWAY, lastGoodStreamId, status);
 }
 
 /** SETTINGS with id/value pairs (flags 0 each). */
@@ -110,10 +112,7 @@ export function settingsFrame(entries: ReadonlyArray<readonly [number, number]>)
 }
 
 export function windowUpdateFrame(streamId: number, delta: number): Buffer {
-  const frame = controlFrame(FrameType.WINDOW_UPDATE, 0, 8);
-  frame.writeUInt32BE(streamId, 8);
-  frame.writeUInt32BE(delta, 12);
-  return frame;
+  return twoWordFrame(FrameType.WINDOW_UPDATE, streamId, delta);
 }
 
 /**
