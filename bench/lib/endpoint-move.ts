@@ -4,7 +4,7 @@ import type { Context } from './context.js';
 import { BACKEND_HOST, MOVED_HOST } from './plan.js';
 import { sleep } from './proc.js';
 import type { RunRecord, WorkloadInfo } from './results.js';
-import { logRecords, PROBE_ANSWER, probeOnce, probeUntil, scaleStateFor, startScaleProxy, writeByRename, writeInPlace, type ScaleProxy } from './scale-proxy.js';
+import { firstLogRecord, PROBE_ANSWER, probeOnce, probeUntil, scaleStateFor, startScaleProxy, writeByRename, writeInPlace, type ScaleProxy } from './scale-proxy.js';
 import type { Formatting } from './state-file.js';
 
 /**
@@ -87,7 +87,7 @@ export async function endpointMove(ctx: Context, o: MoveOptions, record: (r: Run
       }
       const r = await probeUntil(PROBE_ANSWER[to] as string, t0, 10_000);
       // Where the time went, from the proxy's own log.
-      const loaded = logRecords(proxy.logFile, 'loaded state file', since)[0];
+      const loaded = await firstLogRecord(proxy.logFile, 'loaded state file', since);
       const num = (v: unknown): number => (typeof v === 'number' ? v : NaN);
       const rec: RunRecord = {
         workload,

@@ -64,6 +64,19 @@ export function logRecords(logFile: string, msg: string, since: number): LogReco
   return out;
 }
 
+/**
+ * The first such line, waiting (bounded) for it: the proxy's log reaches its file a little after
+ * what it logs has taken effect, so a probe can see a change before its line is there.
+ */
+export async function firstLogRecord(logFile: string, msg: string, since: number, timeoutMs = 2000): Promise<LogRecord | undefined> {
+  const end = performance.now() + timeoutMs;
+  for (;;) {
+    const first = logRecords(logFile, msg, since)[0];
+    if (first !== undefined || performance.now() >= end) return first;
+    await sleep(10);
+  }
+}
+
 /** Milliseconds from `since` (epoch ms) to the first log line with this msg at or after it. */
 export function logTimeOf(logFile: string, msg: string, since: number): number {
   const first = logRecords(logFile, msg, since)[0];
@@ -137,8 +150,10 @@ export async function startScaleProxy(ctx: Context, s: ScaleProxyStart): Promise
     ...(nofile !== undefined ? { nofile } : {}),
   });
   try {
-    // With fewer listeners than Services, the first sync's log line says the rest were refused.
-    const synced = (): boolean => listeners === s.services || logRecords(logFile, 'synced proxy rules', wall0).length > 0;
+    // The figures below read the first sync's log line (and, with fewer listeners than Services,
+    // it says the rest were refused): the log reaches its file a little after the sockets listen,
+    // so the wait is for both.
+    const synced = (): boolean => logRecords(logFile, 'synced proxy rules', wall0).length > 0;
     // Each worker listens on every port: the socket table lists one socket per worker.
     await waitUntil(() => listeningScalePorts() >= listeners * workers && synced(), `${listeners} service ports listening`, s.timeoutMs ?? 180_000, { everyMs: 10, process: started });
   } catch (err) {

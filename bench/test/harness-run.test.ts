@@ -46,7 +46,7 @@ function expectWellFormed(r: BenchResults): void {
   expect(r.targets).toHaveLength(TARGETS.length);
   for (const run of r.runs) {
     expect(typeof run.workload).toBe('string');
-    for (const v of Object.values(run.metrics)) expect(typeof v === 'number' && !Number.isNaN(v)).toBe(true);
+    for (const [k, v] of Object.entries(run.metrics)) expect(typeof v === 'number' && !Number.isNaN(v), `${run.system} ${run.workload} ${k}: ${String(v)}`).toBe(true);
   }
   for (const f of r.figures) {
     expect(f.values.length).toBeGreaterThan(0);
