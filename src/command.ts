@@ -1,3 +1,4 @@
+import { flushCompileCache } from 'node:module';
 import { startProxy } from './app.js';
 import { createPortal } from './create-portal.js';
 import { parseCommandLine } from './cli.js';
@@ -58,6 +59,8 @@ async function main(argv: string[]): Promise<number> {
   }
   const proxy = first;
   if (takeOver !== undefined) await completeTakeOver(takeOver, proxy, logger);
+  // Node writes the compile cache (main.ts) on exit; a proxy stopped by SIGKILL would never write it.
+  flushCompileCache();
   // Serving already: a path another process holds (one that started at the same moment) costs only
   // the next hand-over, said once.
   const handover = await serveHandover(config, proxy, logger).catch((err: unknown) => {

@@ -36,7 +36,7 @@ function one(kind: string): Obj {
 interface Rule { apiGroups: string[]; resources: string[]; verbs: string[] }
 interface Probe { httpGet: { path: string; port: number } }
 interface Container {
-  name: string; image: string; args: string[]; env?: Array<{ name: string }>;
+  name: string; image: string; args: string[]; env?: Array<{ name: string; value?: string }>;
   livenessProbe: Probe; readinessProbe: Probe;
   securityContext: { runAsNonRoot: boolean; runAsUser: number; capabilities: { drop: string[]; add: string[] } };
   volumeMounts: Array<{ name: string; mountPath: string }>;
@@ -44,7 +44,7 @@ interface Container {
 interface PodSpec {
   serviceAccountName: string; hostNetwork: boolean; priorityClassName: string; terminationGracePeriodSeconds: number;
   nodeSelector: Record<string, string>; tolerations: Array<{ key?: string; operator: string; effect?: string }>;
-  containers: Container[]; volumes: Array<{ name: string; configMap?: { name: string }; hostPath?: { path: string; type?: string } }>;
+  containers: Container[]; volumes: Array<{ name: string; configMap?: { name: string }; hostPath?: { path: string; type?: string }; emptyDir?: object }>;
   initContainers?: Array<{ name: string; command: string[]; securityContext?: { privileged?: boolean }; volumeMounts?: Array<{ name: string; mountPath: string }> }>;
 }
 interface RollingDaemonSet {
@@ -172,6 +172,14 @@ describe('the DaemonSet', () => {
     // A drained old process must not exit before its pod is deleted: the kubelet would restart it,
     // and the restart would take over from the new pod's proxy.
     expect(config.afterHandover).toBe('wait');
+  });
+
+  it('keeps V8\'s compile cache on a writable volume of the pod (the root file system is read-only)', () => {
+    const dir = container().env?.find((e) => e.name === 'NODE_COMPILE_CACHE')?.value;
+    expect(dir).toMatch(/^\//);
+    const mount = container().volumeMounts.find((m) => m.mountPath === dir);
+    const volume = daemonSet().spec.template.spec.volumes.find((v) => v.name === mount?.name);
+    expect(volume?.emptyDir, `${String(dir)} is an emptyDir`).toBeDefined();
   });
 
   it('runs the image version package.json names, and lets the shutdown grace period finish', () => {

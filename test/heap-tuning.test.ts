@@ -1,10 +1,10 @@
-import { readFile, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { readFile, readdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { HEAP_TUNING, heapTuningEnv } from '../src/core/heap-tuning.js';
 import { endpointSlice, list, service } from './helpers/objects.js';
-import { freePort, tcpEchoServer, tcpRequest } from './helpers/net.js';
+import { freePort, tcpEchoServer, tcpRequest, waitFor } from './helpers/net.js';
 import { runCli, type Spawned } from './helpers/cli.js';
 
 describe('heapTuningEnv', () => {
@@ -67,6 +67,18 @@ describe.runIf(process.platform === 'linux')('the binary started directly', () =
     expect(r.stderr()).not.toMatch(/could not re-execute|ExperimentalWarning/);
     r.child.kill('SIGTERM');
     expect(await r.exited).toBe(0);
+  });
+
+  it('writes V8\'s compile cache where NODE_COMPILE_CACHE says once it serves, not only at exit', async () => {
+    const cache = join(dir, 'compile-cache');
+    const cached = async (): Promise<number> => (await readdir(cache, { recursive: true }).catch(() => [])).length;
+    const { r } = await serve({ ...process.env, NODE_COMPILE_CACHE: cache });
+    // The proxy's and its libraries' modules: dozens of entries.
+    await waitFor(async () => ((await cached()) > 20 ? true : undefined), 'compile cache entries', 10_000);
+    // A proxy that is killed keeps what it wrote after start-up.
+    r.child.kill('SIGKILL');
+    await r.exited;
+    expect(await cached()).toBeGreaterThan(20);
   });
 
   it('keeps a value the user set', async () => {
