@@ -48,6 +48,13 @@ interface StickyEntry {
 const DEFAULT_TOUCH_SHARE_MS = 1000;
 
 /**
+ * Shared empty tables, never written to (stickyTable() and share() make a balancer's own on its
+ * first entry): an empty Map or Set is some 150 bytes, times 10,000 service ports.
+ */
+const NO_STICKY = new Map<string, StickyEntry>();
+const NO_CLIENTS = new Set<string>();
+
+/**
  * The balancer of one proxied service port (upstream pkg/proxy/userspace/roundrobin.go, grown):
  * round-robin over a shuffled endpoint list, or least-connections with ties taken round-robin,
  * client-IP affinity on top, and passive health (outlier.ts) setting failing endpoints aside.
@@ -86,14 +93,15 @@ export class RoundRobinBalancer implements LoadBalancer {
   private algorithm: BalancerAlgorithm = 'round-robin';
   private affinityType: AffinityType = 'None';
   private timeoutMs = DEFAULT_AFFINITY_TIMEOUT_SECONDS * 1000;
-  private readonly sticky = new Map<string, StickyEntry>();
+  /** Made on the first ClientIP client (NO_STICKY till then: most Services have no affinity). */
+  private sticky: Map<string, StickyEntry> = NO_STICKY;
   /** Listed slots set aside now, and the earliest time one of them is due back. */
   private ejected = 0;
   private nextReturn = Infinity;
   /** Listed slots with failures in a row: while 0, a success report looks nothing up. */
   private failing = 0;
   /** Client IPs whose entries the siblings have not heard of yet (shared balancing). */
-  private readonly unshared = new Set<string>();
+  private unshared: Set<string> = NO_CLIENTS;
 
   constructor(deps: BalancerDeps) {
     this.clock = deps.clock;
@@ -217,7 +225,7 @@ export class RoundRobinBalancer implements LoadBalancer {
       const assignedAt = now - u.assignedAgoMs;
       const entry = this.sticky.get(u.clientIP);
       if (entry === undefined) {
-        if (!this.expired({ lastUsed }, now)) this.sticky.set(u.clientIP, { slot, lastUsed, assignedAt, sharedAt: now });
+        if (!this.expired({ lastUsed }, now)) this.stickyTable().set(u.clientIP, { slot, lastUsed, assignedAt, sharedAt: now });
         continue;
       }
       if (entry.slot !== slot) {
@@ -304,7 +312,7 @@ export class RoundRobinBalancer implements LoadBalancer {
     const slot = this.freshPick(clientIP, reset ? entry?.slot.handle.addr : undefined);
     if (entry === undefined) {
       const made = { slot, lastUsed: now, assignedAt: now, sharedAt: now };
-      this.sticky.set(clientIP, made);
+      this.stickyTable().set(clientIP, made);
       if (this.shared !== undefined) this.share(clientIP, made, now);
     } else {
       entry.slot = slot;
@@ -325,8 +333,14 @@ export class RoundRobinBalancer implements LoadBalancer {
   private share(clientIP: string, entry: StickyEntry, now: number): void {
     entry.sharedAt = now;
     const wasEmpty = this.unshared.size === 0;
+    if (this.unshared === NO_CLIENTS) this.unshared = new Set();
     this.unshared.add(clientIP);
     if (wasEmpty) this.shared?.onStickyChange();
+  }
+
+  private stickyTable(): Map<string, StickyEntry> {
+    if (this.sticky === NO_STICKY) this.sticky = new Map();
+    return this.sticky;
   }
 
   private usable(slot: Slot): boolean {

@@ -62,12 +62,15 @@ export interface TcpProxySocketOptions {
   portals?: readonly PortalAddress[];
 }
 
+/** Shared by every port until it holds a connection (an empty Set is some 150 bytes a port). */
+const NO_HELD = new Set<TcpConnection>();
+
 /**
  * A proxied TCP service port (upstream tcpProxySocket): any number of listeners sharing one
  * balancer, dialer and stats, and the connections they accepted. Each connection is a
  * TcpConnection, which follows its client from accept() to the endpoint and to the end.
  */
-export class TcpProxySocket implements ProxySocket, TcpHandOff {
+export class TcpProxySocket implements ProxySocket, TcpHandOff, TcpConnectionContext {
   readonly protocol = 'TCP' as const;
   readonly stats: ServicePortStats;
   private readonly parentLog: Logger;
@@ -78,16 +81,23 @@ export class TcpProxySocket implements ProxySocket, TcpHandOff {
   private readonly backlog: number;
   /** The next sweep time at which idle connections are looked for. */
   private nextIdleCheckMs = -Infinity;
-  private readonly ctx: TcpConnectionContext;
+  // TcpConnectionContext: each connection's way back to its service port. The socket is that
+  // context itself, not an object of closures beside it: seven closures a port were a seventh of
+  // the heap at 10,000 service ports.
+  readonly balancer: LoadBalancer;
+  readonly dialer: Dialer;
+  readonly dialTimeoutsMs: readonly number[];
+  proxyProtocol: boolean;
   private readonly listeners = new Map<string, { server: Server; bound: BoundAddress }>();
   private readonly conns = new Set<TcpConnection>();
-  /** Connections held for want of endpoints, oldest first. */
-  private readonly held = new Set<TcpConnection>();
+  /** Connections held for want of endpoints, oldest first (NO_HELD, never written to, until the first). */
+  private held: Set<TcpConnection> = NO_HELD;
   private holdMs: number;
   private readonly holdBudget: HoldBudget;
   private readonly onHoldEpisode: (() => void) | undefined;
-  private drainWaiters: (() => void)[] = [];
-  private readonly fdWarnings = new RateLimiter(1000, systemClock.now);
+  private drainWaiters: (() => void)[] | undefined;
+  /** Made on the first warning, as bugLines: most service ports never run out. */
+  private fdWarnings: RateLimiter | undefined;
   private readonly reusePort: boolean;
   /** close() was called: no listener accepts, and no hand-off is taken. */
   private closed = false;
@@ -108,20 +118,10 @@ export class TcpProxySocket implements ProxySocket, TcpHandOff {
     this.holdBudget = opts.holdBudget ?? new HoldBudget();
     this.onHoldEpisode = opts.onHoldEpisode;
     this.portals = opts.portals ?? [];
-    this.ctx = {
-      balancer: opts.balancer,
-      dialer: opts.dialer,
-      stats: this.stats,
-      dialTimeoutsMs: opts.dialTimeoutsMs ?? DEFAULT_DIAL_TIMEOUTS_MS,
-      log: () => this.log,
-      debugEnabled: () => this.parentLog.isLevelEnabled('debug'),
-      outOfDescriptors: (err) => this.warnOutOfDescriptors(err, 'dial'),
-      released: (conn) => this.released(conn),
-      hold: (conn) => this.hold(conn),
-      holdEnded: (conn) => this.holdEnded(conn),
-      proxyProtocol: opts.proxyProtocol ?? false,
-      proxyHeader: (client, to) => this.proxyHeader(client, to),
-    };
+    this.balancer = opts.balancer;
+    this.dialer = opts.dialer;
+    this.dialTimeoutsMs = opts.dialTimeoutsMs ?? DEFAULT_DIAL_TIMEOUTS_MS;
+    this.proxyProtocol = opts.proxyProtocol ?? false;
   }
 
   /**
@@ -129,8 +129,21 @@ export class TcpProxySocket implements ProxySocket, TcpHandOff {
    * with 10,000 service ports that was a tenth of start-up for loggers that mostly never log.
    * The level is the parent's, so level checks ask the parent.
    */
-  private get log(): Logger {
+  private get serviceLog(): Logger {
     return (this.childLog ??= this.parentLog.child({ component: 'tcp-proxy', service: this.name }));
+  }
+
+  /** TcpConnectionContext: the service port's logger. */
+  log(): Logger {
+    return this.serviceLog;
+  }
+
+  debugEnabled(): boolean {
+    return this.parentLog.isLevelEnabled('debug');
+  }
+
+  outOfDescriptors(err: unknown): void {
+    this.warnOutOfDescriptors(err, 'dial');
   }
 
   listen(addr: ListenAddress): Promise<BoundAddress> {
@@ -203,7 +216,7 @@ export class TcpProxySocket implements ProxySocket, TcpHandOff {
   update(unit: ProxyUnit): void {
     this.holdMs = unit.holdWhenEmptyMs ?? 0;
     // For connections accepted from now on; those already accepted keep what they began with.
-    this.ctx.proxyProtocol = unit.proxyProtocol !== undefined;
+    this.proxyProtocol = unit.proxyProtocol !== undefined;
     this.releaseHeld();
   }
 
@@ -213,7 +226,7 @@ export class TcpProxySocket implements ProxySocket, TcpHandOff {
 
   drained(): Promise<void> {
     if (this.conns.size === 0) return Promise.resolve();
-    return new Promise((resolve) => this.drainWaiters.push(resolve));
+    return new Promise((resolve) => (this.drainWaiters ??= []).push(resolve));
   }
 
   destroyAll(): void {
@@ -248,7 +261,7 @@ export class TcpProxySocket implements ProxySocket, TcpHandOff {
   private accept(client: Socket, to: ListenerDestination, written = 0): void {
     this.stats.accepted++;
     this.stats.active++;
-    const conn = new TcpConnection(this.ctx, client, to, written);
+    const conn = new TcpConnection(this, client, to, written);
     this.conns.add(conn);
     conn.start();
   }
@@ -275,7 +288,7 @@ export class TcpProxySocket implements ProxySocket, TcpHandOff {
    * The PROXY v2 header for one accepted client: its address and port, and what it connected to
    * (`to`, else the socket's local address). Undefined when the client is already gone.
    */
-  private proxyHeader(client: Socket, to: ListenerDestination): Uint8Array | undefined {
+  proxyHeader(client: Socket, to: ListenerDestination): Uint8Array | undefined {
     const sourceAddress = client.remoteAddress;
     const sourcePort = client.remotePort;
     // getsockname() only when the listener cannot tell.
@@ -287,15 +300,16 @@ export class TcpProxySocket implements ProxySocket, TcpHandOff {
     } catch (err) {
       // The kernel's addresses did not encode: a bug, said at most once a second.
       const suppressed = (this.bugLines ??= new RateLimiter(1000, systemClock.now)).take();
-      if (suppressed !== undefined) this.log.error({ err, suppressed }, 'bug: cannot encode the PROXY protocol header: connection reset');
+      if (suppressed !== undefined) this.serviceLog.error({ err, suppressed }, 'bug: cannot encode the PROXY protocol header: connection reset');
       return undefined;
     }
   }
 
   /** Within both bounds, and only while the Service asks for it: otherwise reset at once, as ever. */
-  private hold(conn: TcpConnection): boolean {
+  hold(conn: TcpConnection): boolean {
     const budget = this.holdBudget;
     if (this.holdMs <= 0 || this.held.size >= budget.maxPerServicePort || budget.held >= budget.maxPerNode) return false;
+    if (this.held === NO_HELD) this.held = new Set();
     this.held.add(conn);
     budget.held++;
     this.stats.held++;
@@ -304,7 +318,7 @@ export class TcpProxySocket implements ProxySocket, TcpHandOff {
     return true;
   }
 
-  private holdEnded(conn: TcpConnection): void {
+  holdEnded(conn: TcpConnection): void {
     if (!this.held.delete(conn)) return;
     this.holdBudget.held--;
     this.stats.held--;
@@ -313,7 +327,7 @@ export class TcpProxySocket implements ProxySocket, TcpHandOff {
   /** Endpoints appeared: every held connection is dialed, in the order they came. */
   private releaseHeld(): void {
     if (this.held.size === 0) return;
-    if (this.ctx.balancer.endpoints.length === 0) {
+    if (this.balancer.endpoints.length === 0) {
       // The Service no longer asks for holding: as if it never had.
       if (this.holdMs <= 0) this.sweepHeld(Infinity);
       return;
@@ -329,7 +343,7 @@ export class TcpProxySocket implements ProxySocket, TcpHandOff {
    * update (none is expected) are caught up with here too.
    */
   private sweepHeld(nowMs: number): void {
-    if (this.ctx.balancer.endpoints.length > 0) {
+    if (this.balancer.endpoints.length > 0) {
       this.releaseHeld();
       return;
     }
@@ -340,7 +354,7 @@ export class TcpProxySocket implements ProxySocket, TcpHandOff {
     }
   }
 
-  private released(conn: TcpConnection): void {
+  released(conn: TcpConnection): void {
     this.conns.delete(conn);
     this.stats.active--;
     if (this.conns.size === 0) this.notifyDrained();
@@ -348,20 +362,20 @@ export class TcpProxySocket implements ProxySocket, TcpHandOff {
 
   private notifyDrained(): void {
     const waiters = this.drainWaiters;
-    this.drainWaiters = [];
-    for (const resolve of waiters) resolve();
+    this.drainWaiters = undefined;
+    for (const resolve of waiters ?? []) resolve();
   }
 
   private onListenerError(err: Error, bound: BoundAddress): void {
     // libuv absorbs most accept EMFILEs itself (it closes the pending connections with a reserved
     // descriptor); those that surface are logged the same way as a dial's.
     if (isOutOfDescriptors(err)) this.warnOutOfDescriptors(err, 'accept');
-    else this.log.error({ err, address: hostPort(bound) }, 'listener error');
+    else this.serviceLog.error({ err, address: hostPort(bound) }, 'listener error');
   }
 
   private warnOutOfDescriptors(err: unknown, during: 'accept' | 'dial'): void {
-    const held = this.fdWarnings.take();
+    const held = (this.fdWarnings ??= new RateLimiter(1000, systemClock.now)).take();
     if (held === undefined) return;
-    this.log.warn({ err, during, suppressed: held }, 'out of file descriptors: connection dropped');
+    this.serviceLog.warn({ err, during, suppressed: held }, 'out of file descriptors: connection dropped');
   }
 }
