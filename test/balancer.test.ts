@@ -136,6 +136,14 @@ describe('RoundRobinBalancer: round-robin', () => {
     expect(picks(4)).toEqual([A.addr, B.addr, A.addr, B.addr]);
   });
 
+  it('drops duplicate addrs from a long set too (more than a few endpoints are deduplicated by table)', () => {
+    const { lb, picks } = setup();
+    const many = Array.from({ length: 20 }, (_, i) => ep(i + 1));
+    lb.setEndpoints([...many, ...many.slice(0, 5), ep(4)]);
+    expect(addrs(lb.endpoints)).toEqual(many.map((e) => e.addr));
+    expect(new Set(picks(20)).size).toBe(20);
+  });
+
   it('leaves the endpoints array handed out earlier untouched by a change', () => {
     const { lb } = setup(() => 0);
     lb.setEndpoints([A, B, C]);
