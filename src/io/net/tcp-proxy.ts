@@ -82,8 +82,8 @@ export class TcpProxySocket implements ProxySocket, TcpHandOff, TcpConnectionCon
   /** The next sweep time at which idle connections are looked for. */
   private nextIdleCheckMs = -Infinity;
   // TcpConnectionContext: each connection's way back to its service port. The socket is that
-  // context itself, not an object of closures beside it: seven closures a port were a seventh of
-  // the heap at 10,000 service ports.
+  // context itself, not an object of seven closures beside it (some 600 bytes a port, 6 MB of
+  // heap at 10,000 service ports).
   readonly balancer: LoadBalancer;
   readonly dialer: Dialer;
   readonly dialTimeoutsMs: readonly number[];
