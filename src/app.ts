@@ -99,7 +99,7 @@ export async function startProxy(config: ProxyConfig, logger: Logger): Promise<R
 }
 
 async function start(config: ProxyConfig, logger: Logger, started: Started): Promise<RunningProxy> {
-  const portal = createPortal(config, logger);
+  const portal = await createPortal(config, logger);
   // As kube-proxy's GetHostname: trimmed and lower-cased, to match the Node's name.
   const nodeName = (config.hostnameOverride ?? hostname()).trim().toLowerCase();
   // Sizes every UDP listener's receive buffer; metrics read its drop counts at scrape time.

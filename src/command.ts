@@ -33,7 +33,7 @@ async function main(argv: string[]): Promise<number> {
   }
   if (config.cleanup) {
     // Both run, whichever fails: cleanup keeps going past a failure.
-    const results = await Promise.allSettled([createPortal(config, logger).cleanup(), cleanupLocalNames(config, logger)]);
+    const results = await Promise.allSettled([createPortal(config, logger).then((portal) => portal.cleanup()), cleanupLocalNames(config, logger)]);
     for (const r of results) if (r.status === 'rejected') throw r.reason;
     logger.info({ portal: config.portal }, 'cleanup done');
     return 0;
