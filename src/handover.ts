@@ -78,6 +78,8 @@ export async function serveHandover(config: ProxyConfig, proxy: RunningProxy, lo
     logger,
     proxyPorts: () => proxy.units.views().flatMap((v) => (v.proxyPort === undefined ? [] : [{ id: v.unit.id, port: v.proxyPort }])),
     onHandedOver: (peer) => resolve(peer),
+    // Not ready while a successor takes over: its pod's readiness probe may reach this process.
+    onSuccessor: (peer) => proxy.health.setHandingOver(peer?.pid),
   });
   logger.child({ component: 'handover' }).info({ socket: path }, 'answering hand-overs');
   return { server, handedOver };

@@ -23,6 +23,11 @@ export interface HandoverServerOptions {
    * answering on the path (so the successor can bind it).
    */
   onHandedOver(peer: HandoverPeer): void;
+  /**
+   * A successor was welcomed (its peer), or went away before it served (undefined). Not called at
+   * ready: this process is handing over for good then.
+   */
+  onSuccessor?: (peer: HandoverPeer | undefined) => void;
 }
 
 /** A hello must come this soon after connecting; a silent peer is not a proxy. */
@@ -124,12 +129,14 @@ export class HandoverServer {
     this.current = line;
     this.peers.set(line, { pid: hello.pid, version: hello.version });
     this.log.info({ pid: hello.pid, version: hello.version }, 'a new process is taking over: serving on until it is ready');
+    this.opts.onSuccessor?.({ pid: hello.pid, version: hello.version });
     line.send({ t: 'welcome', pid: this.opts.pid, version: this.opts.version, proxyPorts: this.opts.proxyPorts() });
     void line.closed.then(() => {
       if (this.current !== line) return;
       // Gone before it served (killed, or it failed to start): nothing was closed here.
       this.current = undefined;
       this.log.warn({ pid: hello.pid }, 'the new process went away before it served: hand-over abandoned, serving on');
+      this.opts.onSuccessor?.(undefined);
       this.wakeSettled();
     });
   }
