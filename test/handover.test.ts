@@ -292,6 +292,28 @@ describe('hand-over faults', () => {
     expect(await request(node, 'still')).toBe('be:still');
   }, 60_000);
 
+  it.skipIf(netnsSkipReason !== undefined)('a successor that cannot listen for a service port the old process serves (a lower open-file limit) is not ready: it abandons the hand-over and exits 1 in one line naming it; the old one serves on', async () => {
+    node = await createHandoverNode('hounserved');
+    const old = node.proxy();
+    await old.waitForLine(/answering hand-overs/, 30_000);
+    // 257 open files leave room for one listening socket (core/descriptor-budget.ts): the other
+    // service port's listener fails with EMFILE, in the successor only.
+    const next = node.proxy([], undefined, ['prlimit', '--nofile=257:257']);
+    expect(await next.exited).toBe(1);
+    const lines = next.stderr().trim().split('\n');
+    expect(lines).toHaveLength(1);
+    expect(lines[0]).toMatch(/^kube-userspace-proxy: hand-over abandoned: \d service ports? the running proxy \(pid \d+\) serves cannot listen here: default\/echo:(tcp|udp)\S*: not served: cannot listen on \S+: out of open files .*; it serves on$/);
+    expect(logged(next, /took over from the previous process/)).toEqual([]);
+    await old.waitForLine(/hand-over abandoned, serving on/);
+    expect(old.child.exitCode).toBeNull();
+    expect(await request(node, 'still')).toBe('be:still');
+    expect(await nsRequest(node.ns, 'udp', HO.loopbackIP, HO.udpPort, 'still', 3000)).toBe('be:still');
+    // A successor with the usual limit takes over.
+    const later = node.proxy();
+    await later.waitForLine(/took over from the previous process/, 30_000);
+    expect(await old.exited).toBe(0);
+  }, 90_000);
+
   it.skipIf(netnsSkipReason !== undefined)('turns on net.ipv4.tcp_migrate_req in its network namespace, and says so', async () => {
     node = await createHandoverNode('homig');
     expect((await nsExec(node.ns, 'cat', ['/proc/sys/net/ipv4/tcp_migrate_req'])).stdout.trim()).toBe('0');

@@ -18,6 +18,8 @@ export interface HandoverServerOptions {
   logger: Logger;
   /** Every unit's proxy port now: the successor binds the same (the portal points there). */
   proxyPorts(): HandoverProxyPort[];
+  /** The units served now, every listener bound (ids): the successor must listen for each. */
+  servedUnits?: () => Promise<string[]>;
   /**
    * The successor serves: stop accepting and drain. Called once, after this server has stopped
    * answering on the path (so the successor can bind it).
@@ -130,7 +132,7 @@ export class HandoverServer {
     this.peers.set(line, { pid: hello.pid, version: hello.version });
     this.log.info({ pid: hello.pid, version: hello.version }, 'a new process is taking over: serving on until it is ready');
     this.opts.onSuccessor?.({ pid: hello.pid, version: hello.version });
-    line.send({ t: 'welcome', pid: this.opts.pid, version: this.opts.version, proxyPorts: this.opts.proxyPorts() });
+    void this.welcome(line);
     void line.closed.then(() => {
       if (this.current !== line) return;
       // Gone before it served (killed, or it failed to start): nothing was closed here.
@@ -139,6 +141,15 @@ export class HandoverServer {
       this.opts.onSuccessor?.(undefined);
       this.wakeSettled();
     });
+  }
+
+  /** Taken already (this.current): a second hello meanwhile is refused. */
+  private async welcome(line: HandoverLine): Promise<void> {
+    const units = await this.opts.servedUnits?.().catch((err: unknown) => {
+      this.log.warn({ err }, 'cannot list the units served: the successor will not check that it listens for them');
+      return undefined;
+    });
+    line.send({ t: 'welcome', pid: this.opts.pid, version: this.opts.version, proxyPorts: this.opts.proxyPorts(), ...(units === undefined ? {} : { units }) });
   }
 
   private onReady(line: HandoverLine, peer: HandoverPeer | undefined): void {
