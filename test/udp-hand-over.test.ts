@@ -127,6 +127,30 @@ describe.each(CASES)('UdpProxySocket hand-over, listening on $bind', ({ bind, to
   });
 });
 
+describe('UdpProxySocket hand-over, cut at the end of the grace period', () => {
+  it('ends the sessions it kept, and their sockets, also one still read after its session idled out: the client\'s next datagram reaches the successor', async () => {
+    const old = await proxy('old', '127.0.0.1', 0, '127.0.0.1');
+    await proxy('new', '127.0.0.1', old.port, '127.0.0.1');
+    let keeper: UdpSocket | undefined;
+    for (let i = 0; i < 64 && keeper === undefined; i++) {
+      const c = await client('127.0.0.1');
+      if ((await udpAsk(c, old.port, '127.0.0.1', 'hi')).msg.toString() === 'old:hi') keeper = c;
+    }
+    if (keeper === undefined) throw new Error('no flow of 64 reached the old proxy');
+    await old.proxy.close({ handOver: true });
+    expect((await udpAsk(keeper, old.port, '127.0.0.1', 'kept')).msg.toString()).toBe('old:kept');
+    // The session idles out with a datagram in its socket's queue, and the cut comes before that
+    // socket is read to the end: what it holds is cut with it, and begins no session here.
+    keeper.send('cut', old.port, '127.0.0.1');
+    old.proxy.sweep(performance.now() + IDLE_MS);
+    old.proxy.destroyAll();
+    expect(old.proxy.active()).toBe(0);
+    await withDeadline(old.proxy.drained(), 1000, 'the old proxy to drain');
+    expect((await udpAsk(keeper, old.port, '127.0.0.1', 'after')).msg.toString()).toBe('new:after');
+    expect(old.proxy.active()).toBe(0);
+  });
+});
+
 describe('handOverPeer', () => {
   it('is the listener\'s own address, or the family\'s loopback for a wildcard bind', () => {
     expect(handOverPeer({ host: '10.0.0.1', port: 53 })).toEqual({ host: '10.0.0.1', port: 53 });

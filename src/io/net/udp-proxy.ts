@@ -100,7 +100,7 @@ export class UdpProxySocket implements ProxySocket {
   private readonly listenerErrors = new RateLimiter(1000, systemClock.now);
   private readonly replySocketErrors = new RateLimiter(1000, systemClock.now);
   /** Reply sockets of ended sessions still read to the end of their queues (closeReplySocket). */
-  private replySocketsClosing = 0;
+  private readonly replySocketsClosing = new Set<DgramSocket>();
   /** destroyAll() under way: reply sockets close at once. */
   private cutting = false;
   private readonly reusePort: boolean;
@@ -256,11 +256,11 @@ export class UdpProxySocket implements ProxySocket {
       closeQuietly(reply);
       return;
     }
-    this.replySocketsClosing++;
+    this.replySocketsClosing.add(reply);
     void queueRead(watch, HAND_OVER_SETTLE_MS, HAND_OVER_MAX_MS).then(() => {
+      if (!this.replySocketsClosing.delete(reply)) return; // cut meanwhile
       closeQuietly(reply);
-      this.replySocketsClosing--;
-      if (this.sessionCount === 0 && this.replySocketsClosing === 0) this.notifyDrained();
+      if (this.sessionCount === 0 && this.replySocketsClosing.size === 0) this.notifyDrained();
     });
   }
 
@@ -279,15 +279,23 @@ export class UdpProxySocket implements ProxySocket {
   }
 
   drained(): Promise<void> {
-    if (this.sessionCount === 0 && this.replySocketsClosing === 0) return Promise.resolve();
+    if (this.sessionCount === 0 && this.replySocketsClosing.size === 0) return Promise.resolve();
     return new Promise((resolve) => this.drainWaiters.push(resolve));
   }
 
-  /** Every session, also those of listeners handed over (and so no longer listed). */
+  /**
+   * Every session, also those of listeners handed over (and so no longer listed), and the reply
+   * sockets still read after theirs ended: a datagram read there now would begin a session that
+   * nothing would end.
+   */
   destroyAll(): void {
     this.cutting = true;
     for (let s = this.order.oldest(); s !== undefined; s = this.order.oldest()) this.endSession(s);
     this.cutting = false;
+    if (this.replySocketsClosing.size === 0) return;
+    for (const reply of this.replySocketsClosing) closeQuietly(reply);
+    this.replySocketsClosing.clear();
+    this.notifyDrained();
   }
 
   /**
@@ -551,7 +559,7 @@ export class UdpProxySocket implements ProxySocket {
       else this.closeReplySocket(session.listener, session.reply);
     }
     this.balancer.release(session.endpoint);
-    if (this.sessionCount === 0 && this.replySocketsClosing === 0) this.notifyDrained();
+    if (this.sessionCount === 0 && this.replySocketsClosing.size === 0) this.notifyDrained();
   }
 
   /**
