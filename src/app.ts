@@ -217,7 +217,8 @@ async function start(config: ProxyConfig, logger: Logger, started: Started): Pro
       clearInterval(resync);
       await source.stop();
       const closed = Promise.all([admin.close(), healthz.server.close(), serviceHealth.close(), names.stop({ keepHostsBlock: true })]);
-      const result = await proxier.shutdown(graceMs);
+      // UDP sessions live on through sockets of their own, and queued datagrams are still served.
+      const result = await proxier.shutdown(graceMs, { handOver: true });
       demand.events?.stop();
       dialer.close();
       await closed;

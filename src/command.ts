@@ -58,7 +58,17 @@ async function main(argv: string[]): Promise<number> {
     process.exit(0);
   }
   const proxy = first;
-  if (takeOver !== undefined) await completeTakeOver(takeOver, proxy, logger);
+  if (takeOver !== undefined) {
+    try {
+      await completeTakeOver(takeOver, proxy, logger);
+    } catch (err) {
+      // Not ready (a unit it serves does not listen here): the old process serves on, and is left
+      // its portal and hosts-file block; what this one accepted meanwhile finishes here.
+      logger.error({ err }, 'hand-over abandoned: draining what this process accepted, then exiting');
+      await proxy.retire();
+      throw err;
+    }
+  }
   // Node writes the compile cache (main.ts) on exit; a proxy stopped by SIGKILL would never write it.
   flushCompileCache();
   // Serving already: a path another process holds (one that started at the same moment) costs only

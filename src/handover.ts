@@ -1,5 +1,5 @@
 import { ProxyError } from './core/errors.js';
-import type { HandoverProxyPort, HandoverSettings } from './core/handover.js';
+import { unservedMessage, unservedUnits, type HandoverProxyPort, type HandoverSettings } from './core/handover.js';
 import type { ProxyConfig } from './config.js';
 import { askToTakeOver, type HandoverSession } from './io/handover/handover-client.js';
 import { HandoverServer, type HandoverPeer } from './io/handover/handover-server.js';
@@ -18,7 +18,7 @@ const settingsOf = (config: ProxyConfig): HandoverSettings => ({ portal: config.
 
 export interface TakeOver {
   /** The process handing over, and what it runs. */
-  from: { pid: number; version: string; proxyPorts: HandoverProxyPort[] };
+  from: { pid: number; version: string; proxyPorts: HandoverProxyPort[]; units: string[] };
   session: HandoverSession;
 }
 
@@ -43,7 +43,8 @@ export async function takeOverIfRunning(config: ProxyConfig, logger: Logger): Pr
     case 'welcome': {
       const { welcome } = start;
       log.info({ from: welcome.pid, version: welcome.version, units: welcome.proxyPorts.length }, 'taking over from the running proxy: binding its addresses beside it');
-      return { from: { pid: welcome.pid, version: welcome.version, proxyPorts: welcome.proxyPorts }, session: start.session };
+      const units = welcome.units ?? welcome.proxyPorts.map((p) => p.id);
+      return { from: { pid: welcome.pid, version: welcome.version, proxyPorts: welcome.proxyPorts, units }, session: start.session };
     }
   }
 }
@@ -51,9 +52,17 @@ export async function takeOverIfRunning(config: ProxyConfig, logger: Logger): Pr
 /**
  * This process serves: tells the old one, which stops accepting and lets go of the path. Proxy
  * ports that differ from the old process's are said (the portal's rules then moved with them).
+ * Should a unit the old process serves not listen here, it is not ready: the hand-over is
+ * abandoned (the old one serves on) and this throws ProxyError HANDOVER saying which.
  */
 export async function completeTakeOver(takeOver: TakeOver, proxy: RunningProxy, logger: Logger): Promise<void> {
   const log = logger.child({ component: 'handover' });
+  await proxy.units.refresh();
+  const unserved = unservedUnits(takeOver.from.units, proxy.units.status());
+  if (unserved.length > 0) {
+    takeOver.session.abandon();
+    throw new ProxyError('HANDOVER', unservedMessage(takeOver.from.pid, unserved));
+  }
   const outcome = await takeOver.session.ready();
   const mine = new Map(proxy.units.views().map((v) => [v.unit.id, v.proxyPort]));
   const moved = takeOver.from.proxyPorts.filter((p) => mine.has(p.id) && mine.get(p.id) !== p.port).map((p) => p.id);
@@ -77,7 +86,18 @@ export async function serveHandover(config: ProxyConfig, proxy: RunningProxy, lo
     pid: process.pid,
     logger,
     proxyPorts: () => proxy.units.views().flatMap((v) => (v.proxyPort === undefined ? [] : [{ id: v.unit.id, port: v.proxyPort }])),
+    servedUnits: async () => {
+      await proxy.units.refresh();
+      return proxy.units.status().filter((s) => s.errors.length === 0 && s.notServed === undefined).map((s) => s.name);
+    },
     onHandedOver: (peer) => resolve(peer),
+    // Not ready while a successor takes over: its pod's readiness probe may reach this process.
+    onSuccessor: (peer) => {
+      proxy.health.setHandingOver(peer?.pid);
+      // Gone before it served: its first sync may have rewritten the portal's rules (a unit it
+      // could not listen for, a proxy port it moved). This process's own rules go back at once.
+      if (peer === undefined) void proxy.proxier.syncNow(true).catch(() => undefined);
+    },
   });
   logger.child({ component: 'handover' }).info({ socket: path }, 'answering hand-overs');
   return { server, handedOver };

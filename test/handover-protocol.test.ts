@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { parseCommandLine } from '../src/cli.js';
 import { buildConfig } from '../src/config.js';
-import { decodeHandoverLine, encodeHandoverMessage, HANDOVER_PROTOCOL, refuseReason, type HandoverHello, type HandoverMessage } from '../src/core/handover.js';
+import { decodeHandoverLine, encodeHandoverMessage, HANDOVER_PROTOCOL, refuseReason, unservedMessage, unservedUnits, type HandoverHello, type HandoverMessage } from '../src/core/handover.js';
 import { parseKubeProxyConfiguration } from '../src/kube-proxy-config.js';
 
 /** The hand-over protocol's messages and the old process's decision (src/core/handover.ts). */
@@ -13,6 +13,7 @@ describe('the hand-over messages', () => {
     const messages: HandoverMessage[] = [
       hello(),
       { t: 'welcome', pid: 7, version: '0.1.0', proxyPorts: [{ id: 'default/web:http/TCP', port: 40001 }] },
+      { t: 'welcome', pid: 7, version: '0.1.0', proxyPorts: [], units: ['default/web:http/TCP'] },
       { t: 'refused', pid: 7, reason: 'no' },
       { t: 'ready' },
       { t: 'released' },
@@ -26,7 +27,7 @@ describe('the hand-over messages', () => {
   });
 
   it('reads anything else as no message: the peer is not a proxy', () => {
-    for (const line of ['', 'GET / HTTP/1.1', '[]', '{"t":"hello"}', '{"t":"welcome","pid":1,"version":"x","proxyPorts":[{"id":1}]}', '{"t":"bye"}']) {
+    for (const line of ['', 'GET / HTTP/1.1', '[]', '{"t":"hello"}', '{"t":"welcome","pid":1,"version":"x","proxyPorts":[{"id":1}]}', '{"t":"welcome","pid":1,"version":"x","proxyPorts":[],"units":[1]}', '{"t":"bye"}']) {
       expect(decodeHandoverLine(line)).toBeUndefined();
     }
   });
@@ -43,6 +44,22 @@ describe('the old process takes a newcomer', () => {
     expect(refuseReason(hello({ bindAddress: '10.0.0.1' }), mine, false)).toMatch(/^--bind-address 10\.0\.0\.1 differs/);
     expect(refuseReason(hello(), mine, true)).toBe('another process is taking over right now; only one can');
     for (const r of [refuseReason(hello({ portal: 'bind' }), mine, false), refuseReason(hello(), mine, true)]) expect(r).not.toContain('\n');
+  });
+});
+
+describe('the new process says ready only if it listens for what the old one serves', () => {
+  const err = (name: string, ...errors: string[]): { name: string; errors: string[] } => ({ name, errors });
+
+  it('names the units the old process serves that have a listen error here; not those it lacks or that listen', () => {
+    const mine = [err('a'), err('b', 'cannot listen on 10.0.0.1:53: the address is not local to this node'), err('c', 'x'), err('d', 'y')];
+    expect(unservedUnits(['a', 'b', 'd', 'gone'], mine)).toEqual([mine[1], mine[3]]);
+    expect(unservedUnits([], mine)).toEqual([]);
+  });
+
+  it('says so in one line: the first unit with its error, a few more by name', () => {
+    expect(unservedMessage(7, [err('default/dns:dns/UDP', 'cannot listen on 10.0.0.1:53: permission denied')])).toBe('hand-over abandoned: 1 service port the running proxy (pid 7) serves cannot listen here: default/dns:dns/UDP: cannot listen on 10.0.0.1:53: permission denied; it serves on');
+    const many = ['a', 'b', 'c', 'd', 'e'].map((n) => err(n, `e-${n}`));
+    expect(unservedMessage(7, many)).toBe('hand-over abandoned: 5 service ports the running proxy (pid 7) serves cannot listen here: a: e-a; also b, c and 2 more; it serves on');
   });
 });
 

@@ -84,6 +84,16 @@ describe('health transitions', () => {
     h.setNode(undefined); // the Node object is gone
     expect(h.healthz().status).toBe(503);
   });
+
+  it('/healthz says not ready, naming the successor, while one takes over (--handover-socket); /livez does not; as before once it went away', () => {
+    const c = fakeClocks();
+    const h = new ProxierHealth(TIMEOUT, c);
+    h.setHandingOver(4242);
+    expect(h.healthz()).toEqual({ status: 503, body: { lastUpdated: iso(0), currentTime: iso(0), nodeEligible: true, message: 'handing over to pid 4242' } });
+    expect(h.livez()).toEqual({ status: 200, body: { lastUpdated: iso(0), currentTime: iso(0) } });
+    h.setHandingOver(undefined);
+    expect(h.healthz()).toEqual({ status: 200, body: { lastUpdated: iso(0), currentTime: iso(0), nodeEligible: true } });
+  });
 });
 
 describe('following the proxier', () => {

@@ -1,12 +1,16 @@
 /**
  * The hand-over protocol (`--handover-socket`, docs/handover.md): JSON lines over a unix socket
  * between the running proxy ("old") and a starting one ("new"). Pure: the messages, their
- * decoding, and the old side's one decision (take the newcomer or refuse it, and why).
+ * decoding, the old side's decision (take the newcomer or refuse it, and why) and the new side's
+ * (whether it may say ready).
  *
  *   new -> old  hello     who it is and the settings that must match
- *   old -> new  welcome   what the new one must reuse (the proxy port of every unit), or
+ *   old -> new  welcome   what the new one must reuse (the proxy port of every unit) and serve
+ *                         (the units it serves), or
  *   old -> new  refused   one line saying why; the new one prints it and exits non-zero
- *   new -> old  ready     every socket is bound (SO_REUSEPORT) and the first sync serves
+ *   new -> old  ready     every socket is bound (SO_REUSEPORT) and the first sync serves; a new
+ *                         one that cannot listen for a unit the old one serves closes the line
+ *                         instead (unservedUnits)
  *   old -> new  released  the old one has stopped answering on the path: the new one binds it
  *
  * The old one closes its listeners only after `ready`; until then anything that goes wrong (the
@@ -44,6 +48,11 @@ export interface HandoverWelcome {
   version: string;
   /** The proxy port every unit has now: the portal's rules point there, so the new one binds the same. */
   proxyPorts: HandoverProxyPort[];
+  /**
+   * The units it serves, every listener bound (ids): the new one says ready only if it listens for
+   * each of them too. Absent from an older process: its proxyPorts' units stand for them.
+   */
+  units?: string[];
 }
 
 export interface HandoverRefused {
@@ -84,7 +93,9 @@ export function decodeHandoverLine(line: string): HandoverMessage | undefined {
         if (!isObject(p) || typeof p.id !== 'string' || typeof p.port !== 'number') return undefined;
         proxyPorts.push({ id: p.id, port: p.port });
       }
-      return { t: 'welcome', pid: v.pid, version: v.version, proxyPorts };
+      if (v.units === undefined) return { t: 'welcome', pid: v.pid, version: v.version, proxyPorts };
+      if (!Array.isArray(v.units) || !(v.units as unknown[]).every((u) => typeof u === 'string')) return undefined;
+      return { t: 'welcome', pid: v.pid, version: v.version, proxyPorts, units: v.units as string[] };
     }
     case 'refused':
       if (typeof v.pid !== 'number' || typeof v.reason !== 'string') return undefined;
@@ -112,4 +123,33 @@ export function refuseReason(hello: HandoverHello, mine: HandoverSettings, busy:
   if (hello.portal !== mine.portal) return `--portal ${hello.portal} differs from the running process's --portal ${mine.portal}: the portal cannot change in a hand-over (stop the running proxy, then start)`;
   if (hello.bindAddress !== mine.bindAddress) return `--bind-address ${hello.bindAddress} differs from the running process's ${mine.bindAddress}: proxy ports would move`;
   return undefined;
+}
+
+/** A unit of the new process and its listen errors now (UnitStatus's name and errors). */
+export interface UnitListening {
+  name: string;
+  errors: readonly string[];
+}
+
+/**
+ * The units the old process serves that the new one does not listen for (a listen error): said
+ * ready, the old one would close its listeners and those ports would be closed. Units the new one
+ * does not run at all are left out: their Service went away meanwhile.
+ */
+export function unservedUnits(served: readonly string[], mine: readonly UnitListening[]): UnitListening[] {
+  const wanted = new Set(served);
+  return mine.filter((u) => wanted.has(u.name) && u.errors.length > 0);
+}
+
+/** How many units the one line names. */
+const NAMED_UNITS = 3;
+
+/** The new process's one line when it gives up a hand-over for want of listeners. */
+export function unservedMessage(oldPid: number, unserved: readonly UnitListening[]): string {
+  const [first, ...rest] = unserved;
+  if (first === undefined) return '';
+  const others = rest.slice(0, NAMED_UNITS - 1).map((u) => u.name);
+  const more = rest.length - others.length;
+  const also = others.length === 0 ? '' : `; also ${others.join(', ')}${more > 0 ? ` and ${more} more` : ''}`;
+  return `hand-over abandoned: ${unserved.length} service port${unserved.length === 1 ? '' : 's'} the running proxy (pid ${oldPid}) serves cannot listen here: ${first.name}: ${first.errors[0] ?? 'not listening'}${also}; it serves on`;
 }

@@ -33,7 +33,7 @@ export interface HealthClocks {
 
 export interface HealthReport {
   status: 200 | 503;
-  body: { lastUpdated: string; currentTime: string; nodeEligible?: boolean };
+  body: { lastUpdated: string; currentTime: string; nodeEligible?: boolean; message?: string };
 }
 
 /** The health state alone: no I/O, clocks injected. */
@@ -45,6 +45,8 @@ export class ProxierHealth {
   /** Wall time of the last applied update. */
   private lastUpdatedWall: number | undefined;
   private nodeEligible = true;
+  /** The pid of a successor taking over now (`--handover-socket`). */
+  private successor: number | undefined;
 
   constructor(
     private readonly healthTimeoutMs: number,
@@ -77,6 +79,15 @@ export class ProxierHealth {
     this.nodeEligible = !(node.spec?.taints ?? []).some((t) => t.key === TO_BE_DELETED_TAINT);
   }
 
+  /**
+   * A successor is taking over (its pid), or none is any more (undefined: it went away). Meanwhile
+   * both processes answer on the health port (SO_REUSEPORT): this one says not ready, so that the
+   * successor's pod is not made ready by this process's answers before it serves. Liveness stays.
+   */
+  setHandingOver(successorPid: number | undefined): void {
+    this.successor = successorPid;
+  }
+
   isHealthy(): boolean {
     return this.oldestPendingQueued === undefined || this.clock.now() - this.oldestPendingQueued < this.healthTimeoutMs;
   }
@@ -89,6 +100,10 @@ export class ProxierHealth {
     const nodeEligible = this.nodeEligible;
     const report = this.report(this.isHealthy() && nodeEligible);
     report.body.nodeEligible = nodeEligible;
+    if (this.successor !== undefined) {
+      report.status = 503;
+      report.body.message = `handing over to pid ${this.successor}`;
+    }
     return report;
   }
 

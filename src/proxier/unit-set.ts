@@ -10,7 +10,7 @@ import type { ProxyUnit } from '../core/units.js';
 import type { Logger } from '../seams/logger.js';
 import type { AffinityShare, UnitStickyUpdates } from '../seams/affinity-share.js';
 import type { ListenSpec, RunningUnitView } from '../seams/portal.js';
-import type { BoundAddress, ProxySocket } from '../seams/proxy-socket.js';
+import type { BoundAddress, CloseOptions, ProxySocket } from '../seams/proxy-socket.js';
 import type { TcpHandOff, TcpHandOffs } from '../seams/tcp-hand-off.js';
 import type { UnitBatch, UnitBatchResult, UnitOpen, UnitProxyPort, UnitSet, UnitStats, UnitStatus } from '../seams/unit-set.js';
 import { realTimers, type RunnerTimers } from './runner.js';
@@ -212,11 +212,13 @@ export class LocalUnitSet implements UnitSet, AffinityShare, TcpHandOffs {
     this.sweepTimer = this.timers.setTimeout(tick, this.opts.sweepIntervalMs);
   }
 
-  async shutdown(graceMs: number): Promise<{ cut: number }> {
+  async shutdown(graceMs: number, opts?: CloseOptions): Promise<{ cut: number }> {
     this.stopping = true;
-    if (this.sweepTimer !== undefined) this.timers.clearTimeout(this.sweepTimer);
+    // Handed over, UDP sessions live on until they idle out: the sweep goes on until the end.
+    const handOver = opts?.handOver === true;
+    if (!handOver && this.sweepTimer !== undefined) this.timers.clearTimeout(this.sweepTimer);
     const sockets = [...[...this.units.values()].map((u) => u.socket), ...this.retired];
-    await Promise.allSettled(sockets.map((s) => s.close()));
+    await Promise.allSettled(sockets.map((s) => s.close(handOver ? { handOver } : undefined)));
     const drained = Promise.allSettled(sockets.map((s) => s.drained()));
     let timer: unknown;
     const graceOver = new Promise<'grace'>((resolve) => {
@@ -224,6 +226,7 @@ export class LocalUnitSet implements UnitSet, AffinityShare, TcpHandOffs {
     });
     const outcome = await Promise.race([drained.then(() => 'drained' as const), graceOver]);
     this.timers.clearTimeout(timer);
+    if (this.sweepTimer !== undefined) this.timers.clearTimeout(this.sweepTimer);
     let cut = 0;
     if (outcome === 'grace') {
       for (const s of sockets) {

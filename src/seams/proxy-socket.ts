@@ -13,6 +13,14 @@ export interface ListenAddress {
   nat?: boolean;
 }
 
+export interface CloseOptions {
+  /**
+   * A successor listens on the same addresses (SO_REUSEPORT, `--handover-socket`): UDP sessions
+   * live on until they idle out, and what the listeners' queues hold is still served.
+   */
+  handOver?: boolean;
+}
+
 export interface BoundAddress {
   host: string;
   port: number;
@@ -36,9 +44,10 @@ export interface ProxySocket {
   unlisten(addr: BoundAddress): Promise<void>;
   /**
    * Stop accepting on every listener. TCP connections already established live on until they end;
-   * UDP sessions are closed (their replies could not reach the client once the socket is gone).
+   * UDP sessions are closed (their replies could not reach the client once the socket is gone),
+   * unless `handOver`.
    */
-  close(): Promise<void>;
+  close(opts?: CloseOptions): Promise<void>;
   /** Connections (TCP) or sessions (UDP) alive now. */
   active(): number;
   /** Resolves when no connection or session is left. */

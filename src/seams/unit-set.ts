@@ -2,6 +2,7 @@ import type { Endpoint, PortalAddress } from '../core/model.js';
 import type { ServicePortStats } from '../core/stats.js';
 import type { ProxyUnit } from '../core/units.js';
 import type { ListenSpec, RunningUnitView } from './portal.js';
+import type { CloseOptions } from './proxy-socket.js';
 
 /**
  * The unit set: the sockets of every running unit (listeners, balancers, connections), kept in
@@ -131,7 +132,7 @@ export interface UnitSet {
   start(): void;
   /**
    * Stop accepting everywhere, let established connections finish for up to `graceMs`, then cut
-   * what remains.
+   * what remains. `handOver`: a successor serves the same addresses (ProxySocket.close).
    */
-  shutdown(graceMs: number): Promise<{ cut: number }>;
+  shutdown(graceMs: number, opts?: CloseOptions): Promise<{ cut: number }>;
 }

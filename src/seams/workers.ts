@@ -50,8 +50,8 @@ export type ToWorker =
   | { t: 'sticky'; updates: UnitStickyUpdates[] }
   /** Every live sticky entry, for a new sibling. */
   | { t: 'stickyDump'; id: number }
-  /** Stop accepting, drain for up to `graceMs`, cut the rest, report, exit. */
-  | { t: 'shutdown'; id: number; graceMs: number; ack: number };
+  /** Stop accepting, drain for up to `graceMs`, cut the rest, report, exit. `handOver`: UnitSet.shutdown's. */
+  | { t: 'shutdown'; id: number; graceMs: number; ack: number; handOver?: boolean };
 
 /** Worker to controller. */
 export type FromWorker =

@@ -6,6 +6,7 @@ import type { Reading } from '../core/stats-ledger.js';
 import { NodeStats, type WorkerReport } from '../core/worker-stats.js';
 import type { Logger } from '../seams/logger.js';
 import type { RunningUnitView } from '../seams/portal.js';
+import type { CloseOptions } from '../seams/proxy-socket.js';
 import type { UnitBatch, UnitBatchResult, UnitOpen, UnitProxyPort, UnitSet, UnitStats, UnitStatus } from '../seams/unit-set.js';
 import type { FromWorker, ToWorker, WorkerFigures, WorkerHandle, WorkerLauncher } from '../seams/workers.js';
 
@@ -277,12 +278,12 @@ export class WorkerPool implements UnitSet {
   }
 
   /** Every worker stops accepting and drains for up to `graceMs`; a worker that does not answer in time is killed. */
-  async shutdown(graceMs: number): Promise<{ cut: number }> {
+  async shutdown(graceMs: number, opts?: CloseOptions): Promise<{ cut: number }> {
     this.stopping = true;
     clearInterval(this.reportTimer);
     for (const slot of this.slots) clearTimeout(slot.restartTimer);
     const live = this.slots.filter((s) => s.handle !== undefined);
-    const replies = await Promise.all(live.map(async (slot) => ({ slot, reply: await this.request(slot, (id) => ({ t: 'shutdown', id, graceMs, ack: slot.acked }), graceMs + SHUTDOWN_MARGIN_MS) })));
+    const replies = await Promise.all(live.map(async (slot) => ({ slot, reply: await this.request(slot, (id) => ({ t: 'shutdown', id, graceMs, ack: slot.acked, ...(opts?.handOver === true ? { handOver: true } : {}) }), graceMs + SHUTDOWN_MARGIN_MS) })));
     let cut = 0;
     for (const { slot, reply } of replies) {
       if (reply?.t === 'shutdown') {

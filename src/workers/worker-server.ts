@@ -86,7 +86,7 @@ export class WorkerServer {
         });
         return;
       case 'shutdown':
-        this.inOrder(m.id, async () => this.shutdown(m.id, m.graceMs, m.ack));
+        this.inOrder(m.id, async () => this.shutdown(m.id, m.graceMs, m.ack, m.handOver === true));
         return;
     }
   }
@@ -97,10 +97,10 @@ export class WorkerServer {
     return this.reporter.report(live, this.opts.units.activeConnections(), ack);
   }
 
-  private async shutdown(id: number, graceMs: number, ack: number): Promise<undefined> {
+  private async shutdown(id: number, graceMs: number, ack: number, handOver: boolean): Promise<undefined> {
     this.stopping = true;
     if (this.stickyTimer !== undefined) clearTimeout(this.stickyTimer);
-    const { cut } = await this.opts.units.shutdown(graceMs);
+    const { cut } = await this.opts.units.shutdown(graceMs, handOver ? { handOver } : undefined);
     // The connections have ended: their bytes are counted now, and reported before the process goes.
     const report = await this.report(ack, true);
     this.log.info({ cut }, 'worker drained');

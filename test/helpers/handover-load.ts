@@ -13,7 +13,7 @@ const net = require('node:net'), dgram = require('node:dgram');
 const o = JSON.parse(process.argv[1]);
 const r = { longOpened: 0, longCompleted: 0, longErrors: [], longMismatch: 0, longBytes: 0,
   shortOk: 0, shortRefused: 0, shortReset: 0, shortOther: [], shortMismatch: 0,
-  udpOk: 0, udpRetried: 0, udpRetries: 0, udpFailed: 0, timedOut: false };
+  udpOk: 0, udpRetried: 0, udpRetries: 0, udpFailed: 0, udpLost: 0, udpLate: 0, udpWrongSource: 0, timedOut: false };
 let stopping = false;
 const hard = setTimeout(() => { r.timedOut = true; finish(); }, o.maxSeconds * 1000); hard.unref();
 function finish() { process.stdout.write('RESULT ' + JSON.stringify(r) + '\n'); process.exit(0); }
@@ -61,28 +61,62 @@ async function shortLoop(w) {
   }
 }
 
-// UDP queries: a new socket (a new flow) each; a query unanswered in udpWaitMs is sent again on
-// the same socket, up to udpTries times in all.
-async function udpLoop() {
+// UDP queries: a new socket (a new flow) each, or with 'persistent' one socket (one flow, one
+// session) for every query of the loop; a query unanswered in udpWaitMs is sent again on the same
+// socket, up to udpTries times in all. Every reply must come from the service's address and port.
+// Each try says its number. A query answered by a later try than its first had a try lost, unless
+// that try's reply still comes (late: a busy machine): such a socket stays open a while to see.
+const unanswered = new Set();
+const lingering = new Set();
+async function udpLoop(w, persistent) {
   let n = 0;
+  let s;
+  let handler = () => undefined;
+  const open = () => {
+    const sock = dgram.createSocket('udp4');
+    sock.on('message', (m, rinfo) => {
+      if (rinfo.address !== o.host || rinfo.port !== o.udpPort) r.udpWrongSource++;
+      const text = m.toString();
+      if (unanswered.delete(text.slice(3))) r.udpLate++;
+      handler(text);
+    });
+    sock.on('error', () => undefined);
+    return sock;
+  };
   while (!stopping && r.udpOk + r.udpFailed < o.maxUdp) {
-    const msg = 'u' + (n++);
-    const s = dgram.createSocket('udp4');
+    const msg = 'u' + w + '-' + (n++);
+    if (s === undefined) s = open();
     let tries = 0;
+    let answeredBy = 0;
     const ok = await new Promise((resolve) => {
       let timer;
-      s.on('message', (m) => { if (m.toString() === 'be:' + msg) { clearTimeout(timer); resolve(true); } });
-      s.on('error', () => undefined);
+      handler = (m) => { if (m.startsWith('be:' + msg + '#')) { answeredBy = Number(m.slice(msg.length + 4)); clearTimeout(timer); resolve(true); } };
       const send = () => {
         if (tries++ >= o.udpTries) { resolve(false); return; }
-        s.send(msg, o.udpPort, o.host, () => undefined);
+        s.send(msg + '#' + tries, o.udpPort, o.host, () => undefined);
         timer = setTimeout(send, o.udpWaitMs);
       };
       send();
     });
-    s.close();
+    handler = () => undefined;
+    for (let k = 1; k < answeredBy; k++) unanswered.add(msg + '#' + k);
+    if (!persistent) {
+      const done = s;
+      s = undefined;
+      if (answeredBy > 1) { lingering.add(done); setTimeout(() => { lingering.delete(done); done.close(); }, 3000); } else done.close();
+    }
     if (ok) { r.udpOk++; if (tries > 1) { r.udpRetried++; r.udpRetries += tries - 1; } if (r.udpOk % 100 === 0) progress(); } else r.udpFailed++;
+    if (persistent) await new Promise((resolve) => setTimeout(resolve, o.chunkMs / 10));
   }
+  if (s !== undefined) lingering.add(s);
+}
+
+/** After the loops: late replies have had their time (bounded); what is still unanswered was lost. */
+async function settleUdp() {
+  const until = Date.now() + 3000;
+  while (unanswered.size > 0 && Date.now() < until) await new Promise((resolve) => setTimeout(resolve, 50));
+  r.udpLost = unanswered.size;
+  for (const s of lingering) s.close();
 }
 
 (async () => {
@@ -91,10 +125,13 @@ async function udpLoop() {
   await new Promise((resolve) => { const t = setInterval(() => { if (longs.every((c) => c.got === c.sent)) { clearInterval(t); resolve(); } }, 10); });
   process.stdout.write('LONG-READY\n');
   const tick = setInterval(() => { for (const c of longs) if (!c.done) c.send(); }, o.chunkMs);
-  const loops = [...Array.from({ length: o.shortConcurrency }, (_, w) => shortLoop(w)), udpLoop()];
+  const loops = [...Array.from({ length: o.shortConcurrency }, (_, w) => shortLoop(w)),
+    ...Array.from({ length: o.udpConcurrency ?? 1 }, (_, w) => udpLoop(w, false)),
+    ...Array.from({ length: o.udpPersistent ?? 0 }, (_, w) => udpLoop('p' + w, true))];
   await new Promise((resolve) => process.stdin.on('data', (d) => { if (String(d).includes('stop')) resolve(); }));
   stopping = true;
   await Promise.all(loops);
+  await settleUdp();
   clearInterval(tick);
   // A last line each, then a half-close: the backend's end comes after every echo.
   await Promise.all(longs.map((c) => new Promise((resolve) => { if (c.done) { resolve(); return; } c.onDone = resolve; c.send(); c.s.end(); })));
@@ -113,6 +150,10 @@ export interface LoadOptions {
   maxUdp: number;
   udpWaitMs: number;
   udpTries: number;
+  /** Loops of UDP queries each on a new flow (default 1). */
+  udpConcurrency?: number;
+  /** Loops of UDP queries each on one flow for all its queries, which keeps one session (default 0). */
+  udpPersistent?: number;
   maxSeconds: number;
 }
 
@@ -131,6 +172,12 @@ export interface LoadResult {
   udpRetried: number;
   udpRetries: number;
   udpFailed: number;
+  /** Tries never answered, even late, of queries a retry answered: datagrams (or replies) lost. */
+  udpLost: number;
+  /** Tries answered after a retry had gone out: slow, not lost. */
+  udpLate: number;
+  /** Replies whose source was not the service's address and port. */
+  udpWrongSource: number;
   timedOut: boolean;
 }
 

@@ -29,9 +29,9 @@ export interface HandoverNode {
   stateFile: string;
   /**
    * Starts a proxy in the namespace with the common flags, then `extra`. `source` replaces
-   * `--state <the state file>` (a kubeconfig, say).
+   * `--state <the state file>` (a kubeconfig, say); `wrap` runs it through a command (prlimit, say).
    */
-  proxy(extra?: string[], source?: string[]): Spawned;
+  proxy(extra?: string[], source?: string[], wrap?: string[]): Spawned;
   destroy(): Promise<void>;
 }
 
@@ -66,9 +66,9 @@ export async function createHandoverNode(tag: string, opts: { portal?: string } 
     dir,
     socket: join(dir, 'handover.sock'),
     stateFile: join(dir, 'state.json'),
-    proxy(extra = [], source = ['--state', node.stateFile]) {
+    proxy(extra = [], source = ['--state', node.stateFile], wrap = []) {
       const args = ['--portal', opts.portal ?? 'loopback', ...source, '--handover-socket', node.socket, '--shutdown-grace-period', '10m', '--iptables-min-sync-period', '50ms', ...extra];
-      const p = runCli(args, { prefix: ['ip', 'netns', 'exec', ns] });
+      const p = runCli(args, { prefix: ['ip', 'netns', 'exec', ns, ...wrap] });
       procs.push(p);
       return p;
     },

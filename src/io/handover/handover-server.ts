@@ -18,11 +18,18 @@ export interface HandoverServerOptions {
   logger: Logger;
   /** Every unit's proxy port now: the successor binds the same (the portal points there). */
   proxyPorts(): HandoverProxyPort[];
+  /** The units served now, every listener bound (ids): the successor must listen for each. */
+  servedUnits?: () => Promise<string[]>;
   /**
    * The successor serves: stop accepting and drain. Called once, after this server has stopped
    * answering on the path (so the successor can bind it).
    */
   onHandedOver(peer: HandoverPeer): void;
+  /**
+   * A successor was welcomed (its peer), or went away before it served (undefined). Not called at
+   * ready: this process is handing over for good then.
+   */
+  onSuccessor?: (peer: HandoverPeer | undefined) => void;
 }
 
 /** A hello must come this soon after connecting; a silent peer is not a proxy. */
@@ -124,14 +131,25 @@ export class HandoverServer {
     this.current = line;
     this.peers.set(line, { pid: hello.pid, version: hello.version });
     this.log.info({ pid: hello.pid, version: hello.version }, 'a new process is taking over: serving on until it is ready');
-    line.send({ t: 'welcome', pid: this.opts.pid, version: this.opts.version, proxyPorts: this.opts.proxyPorts() });
+    this.opts.onSuccessor?.({ pid: hello.pid, version: hello.version });
+    void this.welcome(line);
     void line.closed.then(() => {
       if (this.current !== line) return;
       // Gone before it served (killed, or it failed to start): nothing was closed here.
       this.current = undefined;
       this.log.warn({ pid: hello.pid }, 'the new process went away before it served: hand-over abandoned, serving on');
+      this.opts.onSuccessor?.(undefined);
       this.wakeSettled();
     });
+  }
+
+  /** Taken already (this.current): a second hello meanwhile is refused. */
+  private async welcome(line: HandoverLine): Promise<void> {
+    const units = await this.opts.servedUnits?.().catch((err: unknown) => {
+      this.log.warn({ err }, 'cannot list the units served: the successor will not check that it listens for them');
+      return undefined;
+    });
+    line.send({ t: 'welcome', pid: this.opts.pid, version: this.opts.version, proxyPorts: this.opts.proxyPorts(), ...(units === undefined ? {} : { units }) });
   }
 
   private onReady(line: HandoverLine, peer: HandoverPeer | undefined): void {

@@ -1,4 +1,4 @@
-import { createSocket, type RemoteInfo } from 'node:dgram';
+import { createSocket, type RemoteInfo, type Socket as DgramSocket } from 'node:dgram';
 import { lookup as dnsLookup } from 'node:dns';
 import { isIP, isIPv6 } from 'node:net';
 import type { LoadBalancer } from '../../core/balancer/load-balancer.js';
@@ -7,12 +7,13 @@ import { errnoCode } from '../../core/errors.js';
 import type { Logger } from '../../seams/logger.js';
 import { isOutOfDescriptors } from './errno.js';
 import { hostPort } from '../../core/address.js';
-import type { BoundAddress, ListenAddress, ProxySocket } from '../../seams/proxy-socket.js';
+import type { BoundAddress, CloseOptions, ListenAddress, ProxySocket } from '../../seams/proxy-socket.js';
 import { systemClock } from '../../core/clock.js';
 import { RateLimiter } from '../../core/rate-limiter.js';
 import { UdpReceiveBuffers } from './udp-receive-buffers.js';
 import { clientKey, type UdpListener, type UdpSession } from './udp-session.js';
 import { SessionOrder } from './udp-session-order.js';
+import { handOverPeer, openReplySocket, queueRead } from './udp-hand-over.js';
 import type { ProxyUnit } from '../../core/units.js';
 
 /** kube-proxy's --udp-timeout default. */
@@ -26,6 +27,10 @@ const MAX_PENDING_DATAGRAMS = 64;
  */
 export const MAX_HELD_DATAGRAMS = 256;
 export const MAX_HELD_DATAGRAM_BYTES = 1024 * 1024;
+/** A handed-over listener is closed once its queue is read: at least this long after it is connected away... */
+const HAND_OVER_SETTLE_MS = 20;
+/** ...and read for at most this long (only its own address could still send to it). */
+const HAND_OVER_MAX_MS = 5000;
 
 /** A datagram that came while there were no endpoints, waiting for one. */
 interface HeldDatagram {
@@ -93,6 +98,11 @@ export class UdpProxySocket implements ProxySocket {
   private readonly reclaimWarnings = new RateLimiter(1000, systemClock.now);
   private readonly fdWarnings = new RateLimiter(1000, systemClock.now);
   private readonly listenerErrors = new RateLimiter(1000, systemClock.now);
+  private readonly replySocketErrors = new RateLimiter(1000, systemClock.now);
+  /** Reply sockets of ended sessions still read to the end of their queues (closeReplySocket). */
+  private readonly replySocketsClosing = new Set<DgramSocket>();
+  /** destroyAll() under way: reply sockets close at once. */
+  private cutting = false;
   private readonly reusePort: boolean;
 
   constructor(opts: UdpProxySocketOptions) {
@@ -158,8 +168,110 @@ export class UdpProxySocket implements ProxySocket {
     closeQuietly(listener.socket);
   }
 
-  async close(): Promise<void> {
+  /**
+   * `handOver` (a successor listens beside us, SO_REUSEPORT): sessions live on, each replying
+   * through a socket of its own, and every datagram queued on a listener is still served
+   * (udp-hand-over.ts). Resolves once the listeners are closed.
+   */
+  async close(opts?: CloseOptions): Promise<void> {
+    if (opts?.handOver === true && this.reusePort) {
+      const listeners = [...this.listeners.values()];
+      this.listeners.clear();
+      await Promise.all(listeners.map((l) => this.handOver(l)));
+      return;
+    }
     for (const bound of this.addresses()) await this.unlisten(bound);
+  }
+
+  /**
+   * Sessions first get their reply sockets (their clients' next datagrams reach those), then the
+   * listener is connected away from the group and read to the end of its queue.
+   */
+  private async handOver(listener: UdpListener): Promise<void> {
+    const watch = { read: false };
+    listener.handOver = watch;
+    // Swapped rather than tested on every datagram: the listener's path stays as it was until now.
+    listener.socket.removeAllListeners('message');
+    listener.socket.on('message', (msg, rinfo) => {
+      watch.read = true;
+      this.onClientDatagram(listener, msg, rinfo);
+    });
+    if (this.held.length > 0) this.dropHeld((d) => d.listener === listener, false);
+    for (const session of [...listener.sessions.values()]) this.replyOnOwnSocket(session);
+    const peer = handOverPeer(listener.bound);
+    const failed = await new Promise<Error | undefined>((resolve) => {
+      try {
+        listener.socket.connect(peer.port, peer.host, (err?: Error) => resolve(err));
+      } catch (err) {
+        resolve(err instanceof Error ? err : new Error(String(err)));
+      }
+    });
+    if (failed === undefined) await queueRead(watch, HAND_OVER_SETTLE_MS, HAND_OVER_MAX_MS);
+    else if (!UdpProxySocket.saidConnectFailed) {
+      UdpProxySocket.saidConnectFailed = true;
+      this.log.warn({ err: failed, address: hostPort(listener.bound), peer: hostPort(peer) }, 'cannot take a UDP listener out of its SO_REUSEPORT group (connect failed): closing it at once, so datagrams queued on it are lost; its sessions reply through sockets of their own');
+    }
+    this.receiveBuffers.unwatch(listener.socket);
+    closeQuietly(listener.socket);
+  }
+
+  /** Said once per process: the fallback is the same for every listener. */
+  private static saidConnectFailed = false;
+
+  /** The session's replies leave through a socket of its own from now on; ended if it cannot have one. */
+  private replyOnOwnSocket(session: UdpSession): boolean {
+    const listener = session.listener;
+    try {
+      session.reply = openReplySocket(listener.bound, { address: session.clientAddress, port: session.clientPort }, {
+        lookup: literalLookup,
+        onMessage: (msg, rinfo) => this.onClientDatagram(listener, msg, rinfo),
+        onError: (err) => this.onReplySocketError(session, err),
+      });
+      return true;
+    } catch (err) {
+      this.onReplySocketError(session, err instanceof Error ? err : new Error(String(err)));
+      return false;
+    }
+  }
+
+  /**
+   * A session that ends (idle, say) may end as its client's next datagram reaches its reply socket:
+   * the socket is connected away, as a handed-over listener is, and read to the end of its queue
+   * (each datagram there begins a new session) before it is closed. Until then drained() waits.
+   */
+  private closeReplySocket(listener: UdpListener, reply: DgramSocket): void {
+    const watch = { read: false };
+    reply.removeAllListeners('message');
+    reply.on('message', (msg, rinfo) => {
+      watch.read = true;
+      this.onClientDatagram(listener, msg, rinfo);
+    });
+    const peer = handOverPeer(listener.bound);
+    try {
+      reply.disconnect();
+      // A failed connect is emitted as 'error', which the ended session's handler ignores: the
+      // socket is then read the same way.
+      reply.connect(peer.port, peer.host);
+    } catch {
+      closeQuietly(reply);
+      return;
+    }
+    this.replySocketsClosing.add(reply);
+    void queueRead(watch, HAND_OVER_SETTLE_MS, HAND_OVER_MAX_MS).then(() => {
+      if (!this.replySocketsClosing.delete(reply)) return; // cut meanwhile
+      closeQuietly(reply);
+      if (this.sessionCount === 0 && this.replySocketsClosing.size === 0) this.notifyDrained();
+    });
+  }
+
+  /** ECONNREFUSED: the client's port is closed (ICMP port unreachable), so the session is over. */
+  private onReplySocketError(session: UdpSession, err: Error): void {
+    if (session.closed) return;
+    if (errnoCode(err) !== 'ECONNREFUSED') {
+      const held = this.replySocketErrors.take();
+      if (held !== undefined) this.log.warn({ err, client: session.key, suppressed: held }, 'udp session after hand-over: its reply socket failed, session ended');
+    }
+    this.endSession(session);
   }
 
   active(): number {
@@ -167,14 +279,23 @@ export class UdpProxySocket implements ProxySocket {
   }
 
   drained(): Promise<void> {
-    if (this.sessionCount === 0) return Promise.resolve();
+    if (this.sessionCount === 0 && this.replySocketsClosing.size === 0) return Promise.resolve();
     return new Promise((resolve) => this.drainWaiters.push(resolve));
   }
 
+  /**
+   * Every session, also those of listeners handed over (and so no longer listed), and the reply
+   * sockets still read after theirs ended: a datagram read there now would begin a session that
+   * nothing would end.
+   */
   destroyAll(): void {
-    for (const listener of this.listeners.values()) {
-      for (const session of listener.sessions.values()) this.endSession(session);
-    }
+    this.cutting = true;
+    for (let s = this.order.oldest(); s !== undefined; s = this.order.oldest()) this.endSession(s);
+    this.cutting = false;
+    if (this.replySocketsClosing.size === 0) return;
+    for (const reply of this.replySocketsClosing) closeQuietly(reply);
+    this.replySocketsClosing.clear();
+    this.notifyDrained();
   }
 
   /**
@@ -253,6 +374,7 @@ export class UdpProxySocket implements ProxySocket {
       clientPort: port,
       endpoint,
       socket,
+      reply: undefined,
       lastActivity: performance.now(),
       unproven: true,
       pending: [],
@@ -272,6 +394,9 @@ export class UdpProxySocket implements ProxySocket {
       this.onSessionError(session, err instanceof Error ? err : new Error(String(err)));
       return null;
     }
+    // A datagram read from a handed-over listener's queue, or from a reply socket before it was
+    // connected: the listener cannot send to this client any more.
+    if (listener.handOver !== undefined && !this.replyOnOwnSocket(session)) return null;
     if (this.debugEnabled()) this.log.debug({ client: key, endpoint: endpoint.addr, reset }, 'udp session opened');
     return session;
   }
@@ -364,7 +489,17 @@ export class UdpProxySocket implements ProxySocket {
     }
     this.markActive(session);
     this.stats.bytesToClient += msg.length;
-    session.listener.socket.send(msg, session.clientPort, session.clientAddress);
+    if (session.reply === undefined) session.listener.socket.send(msg, session.clientPort, session.clientAddress);
+    else this.replyAfterHandOver(session.reply, msg);
+  }
+
+  /** A reply socket whose connect failed throws on send (its error ends the session on the next tick). */
+  private replyAfterHandOver(reply: DgramSocket, msg: Buffer): void {
+    try {
+      reply.send(msg);
+    } catch {
+      this.stats.udpDatagramsDropped++;
+    }
   }
 
   /** ECONNREFUSED is the ICMP port-unreachable of a connected socket: the endpoint is not there. */
@@ -419,8 +554,12 @@ export class UdpProxySocket implements ProxySocket {
     this.sessionCount--;
     this.stats.udpSessionsActive--;
     closeQuietly(session.socket);
+    if (session.reply !== undefined) {
+      if (this.cutting) closeQuietly(session.reply);
+      else this.closeReplySocket(session.listener, session.reply);
+    }
     this.balancer.release(session.endpoint);
-    if (this.sessionCount === 0) this.notifyDrained();
+    if (this.sessionCount === 0 && this.replySocketsClosing.size === 0) this.notifyDrained();
   }
 
   /**

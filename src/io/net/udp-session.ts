@@ -1,6 +1,7 @@
 import type { Socket as DgramSocket } from 'node:dgram';
 import type { Endpoint } from '../../core/model.js';
 import type { BoundAddress } from '../../seams/proxy-socket.js';
+import type { QueueWatch } from './udp-hand-over.js';
 
 /** One UDP listener (a service address and port) and the client sessions behind it. */
 export interface UdpListener {
@@ -13,6 +14,11 @@ export interface UdpListener {
    * (oldest first out), as a client that never comes back would otherwise stay forever.
    */
   readonly refused: Set<string>;
+  /**
+   * Set once it hands over (udp-hand-over.ts): its sessions reply through sockets of their own,
+   * and its own socket is connected away until its queue is read, then closed.
+   */
+  handOver?: QueueWatch;
 }
 
 /** One client's conversation with one endpoint, over its own connected socket. */
@@ -23,6 +29,11 @@ export interface UdpSession {
   readonly clientPort: number;
   readonly endpoint: Endpoint;
   readonly socket: DgramSocket;
+  /**
+   * After a hand-over: the session's own socket on the service address, connected to the client,
+   * through which its replies leave and its client's datagrams come (udp-hand-over.ts).
+   */
+  reply: DgramSocket | undefined;
   /** performance.now() of the last datagram either way: the idle sweep reads only this. */
   lastActivity: number;
   /** No reply from the endpoint yet: the first one tells passive health it answers. */
