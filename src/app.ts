@@ -88,17 +88,22 @@ async function listenOrExplain<T>(flag: string, address: { host: string; port: n
  * Builds and starts every part from a validated config: the composition root's working half.
  * A failure at any step closes what had started and rejects with one line (ProxyError STARTUP).
  */
-export async function startProxy(config: ProxyConfig, logger: Logger): Promise<RunningProxy> {
+export interface StartOptions {
+  /** Taking over from this running process (--handover-socket): /readyz says 503 until told it serves. */
+  takingOverFrom?: number;
+}
+
+export async function startProxy(config: ProxyConfig, logger: Logger, opts: StartOptions = {}): Promise<RunningProxy> {
   const started = new Started();
   try {
-    return await start(config, logger, started);
+    return await start(config, logger, started, opts);
   } catch (err) {
     await started.closeAll();
     throw err;
   }
 }
 
-async function start(config: ProxyConfig, logger: Logger, started: Started): Promise<RunningProxy> {
+async function start(config: ProxyConfig, logger: Logger, started: Started, opts: StartOptions): Promise<RunningProxy> {
   const portal = await createPortal(config, logger);
   // As kube-proxy's GetHostname: trimmed and lower-cased, to match the Node's name.
   const nodeName = (config.hostnameOverride ?? hostname()).trim().toLowerCase();
@@ -144,6 +149,7 @@ async function start(config: ProxyConfig, logger: Logger, started: Started): Pro
   });
   started.add(() => proxier.shutdown(0));
   const health = new ProxierHealth(2 * config.syncPeriodMs, { clock: systemClock, wallNow: Date.now });
+  if (opts.takingOverFrom !== undefined) health.setTakingOver(opts.takingOverFrom);
   // Before anything is started: a bad flag or no cluster to be found is one line and exit 2.
   const onApi = (api: HttpKubeApi): void => {
     if (!config.emitEvents) return;

@@ -11,6 +11,8 @@ import { resolveOptions, writeConfigFile } from './kube-proxy-config.js';
 
 /** On SIGTERM, how long a successor mid-hand-over may take to serve before this process stops anyway. */
 const SUCCESSOR_WAIT_MS = 60_000;
+/** How long a successor that abandons a hand-over lets what it accepted finish before it exits. */
+const ABANDON_DRAIN_MS = 5000;
 
 /**
  * The command behind the `kube-userspace-proxy` binary (main.ts loads it): parses flags, builds
@@ -46,7 +48,7 @@ async function main(argv: string[]): Promise<number> {
   const takeOver = await takeOverIfRunning(config, logger);
   // Start-up may wait a long time for an API server that does not answer: a signal then stops
   // the process at once (nothing has been accepted yet, so nothing is cut).
-  const first = await Promise.race([startProxy(config, logger), signalled]).catch((err: unknown) => {
+  const first = await Promise.race([startProxy(config, logger, takeOver ? { takingOverFrom: takeOver.from.pid } : {}), signalled]).catch((err: unknown) => {
     // The old process never closed anything: it serves on.
     takeOver?.session.abandon();
     throw err;
@@ -61,11 +63,16 @@ async function main(argv: string[]): Promise<number> {
   if (takeOver !== undefined) {
     try {
       await completeTakeOver(takeOver, proxy, logger);
+      proxy.health.setTakingOver(undefined);
     } catch (err) {
       // Not ready (a unit it serves does not listen here): the old process serves on, and is left
-      // its portal and hosts-file block; what this one accepted meanwhile finishes here.
-      logger.error({ err }, 'hand-over abandoned: draining what this process accepted, then exiting');
-      await proxy.retire();
+      // its portal and hosts-file block. What this one accepted meanwhile (seconds old) gets a few
+      // seconds, not the grace period: until this process exits the kubelet cannot restart it,
+      // and the old pod may be deleted meanwhile (its answers made the new pod ready). A signal
+      // ends the wait.
+      const drainMs = Math.min(ABANDON_DRAIN_MS, config.shutdownGracePeriodMs);
+      logger.error({ err, drainMs }, 'hand-over abandoned: draining what this process accepted, then exiting');
+      await Promise.race([proxy.retire(drainMs), signalled]);
       throw err;
     }
   }

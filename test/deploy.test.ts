@@ -115,11 +115,11 @@ describe('the DaemonSet', () => {
     expect(ds.spec.template.metadata.labels).toMatchObject(ds.spec.selector.matchLabels);
   });
 
-  it('probes liveness on /livez and readiness on /healthz, on the configured health port', () => {
+  it('probes liveness on /livez and readiness on /readyz, on the configured health port', () => {
     const c = container();
     const port = buildConfig(parseKubeProxyConfiguration(configText(), 'config.yaml').options).healthzBindAddress.port;
     expect(c.livenessProbe.httpGet).toEqual({ path: '/livez', port });
-    expect(c.readinessProbe.httpGet).toEqual({ path: '/healthz', port });
+    expect(c.readinessProbe.httpGet).toEqual({ path: '/readyz', port });
   });
 
   it('passes flags the CLI accepts, reading the ConfigMap where it is mounted', () => {
@@ -154,7 +154,8 @@ describe('the DaemonSet', () => {
     expect(spec.minReadySeconds).toBeGreaterThan(0);
     // With hostNetwork a container port is a host port: the surge pod could not be scheduled.
     expect((container() as unknown as { ports?: unknown[] }).ports ?? []).toEqual([]);
-    expect(container().readinessProbe.httpGet.path).toBe('/healthz');
+    // Not ready while a hand-over is under way (ProxierHealth.readyz).
+    expect(container().readinessProbe.httpGet.path).toBe('/readyz');
   });
 
   it('puts the hand-over socket on a hostPath both pods mount, prepared by a root init container', () => {

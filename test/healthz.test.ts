@@ -85,14 +85,22 @@ describe('health transitions', () => {
     expect(h.healthz().status).toBe(503);
   });
 
-  it('/healthz says not ready, naming the successor, while one takes over (--handover-socket); /livez does not; as before once it went away', () => {
+  it('/readyz says not ready while a hand-over is under way, naming the other process (--handover-socket); /healthz and /livez stay kube-proxy\'s; as before once it is over', () => {
     const c = fakeClocks();
     const h = new ProxierHealth(TIMEOUT, c);
+    const ok = { status: 200, body: { lastUpdated: iso(0), currentTime: iso(0), nodeEligible: true } };
+    expect(h.readyz()).toEqual(ok);
     h.setHandingOver(4242);
-    expect(h.healthz()).toEqual({ status: 503, body: { lastUpdated: iso(0), currentTime: iso(0), nodeEligible: true, message: 'handing over to pid 4242' } });
+    expect(h.readyz()).toEqual({ status: 503, body: { ...ok.body, message: 'handing over to pid 4242' } });
+    expect(h.healthz()).toEqual(ok);
     expect(h.livez()).toEqual({ status: 200, body: { lastUpdated: iso(0), currentTime: iso(0) } });
     h.setHandingOver(undefined);
-    expect(h.healthz()).toEqual({ status: 200, body: { lastUpdated: iso(0), currentTime: iso(0), nodeEligible: true } });
+    expect(h.readyz()).toEqual(ok);
+    h.setTakingOver(17);
+    expect(h.readyz()).toEqual({ status: 503, body: { ...ok.body, message: 'taking over from pid 17' } });
+    expect(h.healthz()).toEqual(ok);
+    h.setTakingOver(undefined);
+    expect(h.readyz()).toEqual(ok);
   });
 });
 

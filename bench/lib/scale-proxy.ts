@@ -131,6 +131,11 @@ export interface ScaleProxyStart {
 export async function startScaleProxy(ctx: Context, s: ScaleProxyStart): Promise<ScaleProxy> {
   const { nofile, listeners } = openFilesFor(ctx, s.services);
   if (listeners < s.services) ctx.say(`    the open-file limit lets the proxy open ${listeners} of ${s.services} listeners, and it cannot be raised here: timing those`);
+  // The figures are read from the proxy's info lines (loaded, synced): without them every wait
+  // would run to its timeout.
+  const args = ctx.options.proxyArgs;
+  const level = args.flatMap((a, i) => (a.startsWith('--log-level=') ? [a.slice(12)] : a === '--log-level' ? [args[i + 1] ?? ''] : [])).at(-1);
+  if (level !== undefined && !['trace', 'debug', 'info'].includes(level)) throw new Error(`the scale rows read the proxy's info lines; --log-level ${level} hides them`);
   const busy = listeningScalePorts();
   if (busy > 0) throw new Error(`${busy} sockets already listen on ${SCALE_LOOPBACK_PREFIX}.*:${SCALE_PORT} (another bench run?); not measuring`);
   const dir = join(ctx.tmp, `scale-${s.tag}`);

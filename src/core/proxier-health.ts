@@ -45,8 +45,8 @@ export class ProxierHealth {
   /** Wall time of the last applied update. */
   private lastUpdatedWall: number | undefined;
   private nodeEligible = true;
-  /** The pid of a successor taking over now (`--handover-socket`). */
-  private successor: number | undefined;
+  /** A hand-over under way (`--handover-socket`): what /readyz says meanwhile. */
+  private swapping: string | undefined;
 
   constructor(
     private readonly healthTimeoutMs: number,
@@ -81,11 +81,16 @@ export class ProxierHealth {
 
   /**
    * A successor is taking over (its pid), or none is any more (undefined: it went away). Meanwhile
-   * both processes answer on the health port (SO_REUSEPORT): this one says not ready, so that the
-   * successor's pod is not made ready by this process's answers before it serves. Liveness stays.
+   * both processes answer on the health port (SO_REUSEPORT): this one says not ready on /readyz,
+   * so that the successor's pod is not made ready by this process's answers before it serves.
    */
   setHandingOver(successorPid: number | undefined): void {
-    this.successor = successorPid;
+    this.swapping = successorPid === undefined ? undefined : `handing over to pid ${successorPid}`;
+  }
+
+  /** This process is taking over from the running one (its pid) until it serves (undefined). */
+  setTakingOver(fromPid: number | undefined): void {
+    this.swapping = fromPid === undefined ? undefined : `taking over from pid ${fromPid}`;
   }
 
   isHealthy(): boolean {
@@ -100,9 +105,20 @@ export class ProxierHealth {
     const nodeEligible = this.nodeEligible;
     const report = this.report(this.isHealthy() && nodeEligible);
     report.body.nodeEligible = nodeEligible;
-    if (this.successor !== undefined) {
+    return report;
+  }
+
+  /**
+   * /healthz, except while a hand-over is under way: then 503 from both processes. The
+   * DaemonSet's readiness probe asks this, so that a new pod turns ready only once its process
+   * serves. /healthz itself stays kube-proxy's: cloud load balancers probe it to tell whether the
+   * node forwards, and it does all through a hand-over.
+   */
+  readyz(): HealthReport {
+    const report = this.healthz();
+    if (this.swapping !== undefined) {
       report.status = 503;
-      report.body.message = `handing over to pid ${this.successor}`;
+      report.body.message = this.swapping;
     }
     return report;
   }

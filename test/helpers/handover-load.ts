@@ -103,7 +103,7 @@ async function udpLoop(w, persistent) {
     if (!persistent) {
       const done = s;
       s = undefined;
-      if (answeredBy > 1) { lingering.add(done); setTimeout(() => { lingering.delete(done); done.close(); }, 3000); } else done.close();
+      if (answeredBy > 1) { lingering.add(done); setTimeout(() => { if (lingering.delete(done)) done.close(); }, 3000); } else done.close();
     }
     if (ok) { r.udpOk++; if (tries > 1) { r.udpRetried++; r.udpRetries += tries - 1; } if (r.udpOk % 100 === 0) progress(); } else r.udpFailed++;
     if (persistent) await new Promise((resolve) => setTimeout(resolve, o.chunkMs / 10));
@@ -117,6 +117,7 @@ async function settleUdp() {
   while (unanswered.size > 0 && Date.now() < until) await new Promise((resolve) => setTimeout(resolve, 50));
   r.udpLost = unanswered.size;
   for (const s of lingering) s.close();
+  lingering.clear();
 }
 
 (async () => {

@@ -37,7 +37,7 @@ function send(res: ServerResponse, report: HealthReport): void {
   res.end(text);
 }
 
-/** Adds `/healthz` and `/livez` to a server. */
+/** Adds `/healthz`, `/readyz` (hand-over aware: ProxierHealth.readyz) and `/livez` to a server. */
 export function healthRoutes(server: HttpServer, health: ProxierHealth, probes?: ProbeObserver): HttpServer {
   return server
     .route('/healthz', (_req, res) => {
@@ -45,6 +45,8 @@ export function healthRoutes(server: HttpServer, health: ProxierHealth, probes?:
       probes?.probed('healthz', report.status);
       send(res, report);
     })
+    // Ours, not kube-proxy's: not counted in kube-proxy's probe metrics.
+    .route('/readyz', (_req, res) => send(res, health.readyz()))
     .route('/livez', (_req, res) => {
       const report = health.livez();
       probes?.probed('livez', report.status);

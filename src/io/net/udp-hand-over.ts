@@ -63,9 +63,15 @@ export function openReplySocket(bound: BoundAddress, client: { address: string; 
     throw bindError;
   }
   socket.on('error', handlers.onError);
-  socket.connect(client.port, client.address, (err?: Error) => {
-    if (err) handlers.onError(err);
-  });
+  try {
+    socket.connect(client.port, client.address, (err?: Error) => {
+      if (err) handlers.onError(err);
+    });
+  } catch (err) {
+    // dgram's own argument checks (a client address it will not take): never leave it bound.
+    closeQuietly(socket);
+    throw err;
+  }
   return socket;
 }
 
