@@ -1,3 +1,4 @@
+import { createConnection, type Socket } from 'node:net';
 import { afterEach, describe, expect, it } from 'vitest';
 import type { Spawned } from './helpers/cli.js';
 import { waitFor } from './helpers/net.js';
@@ -50,6 +51,17 @@ function expectClean(r: LoadResult, long: number): void {
   });
   expect(r.shortOk).toBeGreaterThan(0);
   expect(r.udpOk).toBeGreaterThan(0);
+}
+
+/** A newcomer played by the test over the hand-over socket (pid 4242): welcomed, not yet ready. */
+async function welcomedNewcomer(node: HandoverNode): Promise<{ line: Socket; got: () => string }> {
+  const line = createConnection(node.socket);
+  let got = '';
+  line.setEncoding('utf8');
+  line.on('data', (d: string) => (got += d));
+  line.write(`${JSON.stringify({ t: 'hello', protocol: 1, version: 'test', pid: 4242, portal: 'loopback', bindAddress: '0.0.0.0' })}\n`);
+  await waitFor(() => got.includes('"welcome"'), 'the welcome');
+  return { line, got: () => got };
 }
 
 const VARIANTS = [
@@ -244,20 +256,14 @@ describe('hand-over faults', () => {
     const old = node.proxy(['--after-handover', 'wait']);
     await old.waitForLine(/answering hand-overs/, 30_000);
     // The newcomer, played by the test over the socket: welcomed, it says ready only later.
-    const { createConnection } = await import('node:net');
-    const line = createConnection(node.socket);
-    let got = '';
-    line.setEncoding('utf8');
-    line.on('data', (d: string) => (got += d));
-    line.write(`${JSON.stringify({ t: 'hello', protocol: 1, version: 'test', pid: 4242, portal: 'loopback', bindAddress: '0.0.0.0' })}\n`);
-    await waitFor(() => got.includes('"welcome"'), 'the welcome');
+    const { line, got } = await welcomedNewcomer(node);
     old.child.kill('SIGTERM');
     await old.waitForLine(/finishing the hand-over before stopping/);
     // Still serving: stopping now would leave the addresses without a listener.
     expect(await request(node, 'waiting')).toBe('be:waiting');
     expect(old.child.exitCode).toBeNull();
     line.write(`${JSON.stringify({ t: 'ready' })}\n`);
-    await waitFor(() => got.includes('"released"'), 'released');
+    await waitFor(() => got().includes('"released"'), 'released');
     await old.waitForLine(/handed over/);
     expect(logged(old, /handed over/)[0]).toMatchObject({ to: 4242 });
     expect(await old.exited).toBe(0);
@@ -274,13 +280,7 @@ describe('hand-over faults', () => {
     };
     expect((await probe('/readyz')).status).toBe(200);
     // The successor, played by the test over the socket: welcomed, and held before ready.
-    const { createConnection } = await import('node:net');
-    const line = createConnection(node.socket);
-    let got = '';
-    line.setEncoding('utf8');
-    line.on('data', (d: string) => (got += d));
-    line.write(`${JSON.stringify({ t: 'hello', protocol: 1, version: 'test', pid: 4242, portal: 'loopback', bindAddress: '0.0.0.0' })}\n`);
-    await waitFor(() => got.includes('"welcome"'), 'the welcome');
+    const { line } = await welcomedNewcomer(node);
     const during = await probe('/readyz');
     expect(during.status).toBe(503);
     expect(JSON.parse(during.body)).toMatchObject({ message: 'handing over to pid 4242' });
