@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-import { enableCompileCache } from 'node:module';
+import { enableProxyCompileCache } from './compile-cache.js';
 import { heapTuningEnv } from './core/heap-tuning.js';
 
 /**
@@ -19,12 +19,6 @@ if (tuned !== undefined && !debugging && typeof process.execve === 'function') {
     process.stderr.write(`kube-userspace-proxy: could not re-execute with the heap settings for bulk traffic (${String(err)}); running without them\n`);
   }
 }
-// V8's code cache on disk (Node's compile cache): a start after the first compiles none of the
-// proxy's modules or its libraries' again, about a twentieth of the CPU of a start with 10,000
-// Services (bench/README.md). Quiet by design: a directory that cannot be written (a read-only
-// root file system) leaves it off. NODE_COMPILE_CACHE chooses the directory (the worker processes
-// inherit it), NODE_DISABLE_COMPILE_CACHE=1 turns it off; command.ts writes it once the proxy serves.
-const cache = enableCompileCache();
-if (cache.directory !== undefined) process.env.NODE_COMPILE_CACHE ??= cache.directory;
+enableProxyCompileCache();
 const { runCommand } = await import('./command.js');
 await runCommand(process.argv.slice(2));

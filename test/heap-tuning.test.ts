@@ -1,4 +1,4 @@
-import { readFile, readdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { chmod, mkdir, readFile, readdir, mkdtemp, rm, stat, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -79,6 +79,34 @@ describe.runIf(process.platform === 'linux')('the binary started directly', () =
     r.child.kill('SIGKILL');
     await r.exited;
     expect(await cached()).toBeGreaterThan(20);
+  });
+
+  it('without NODE_COMPILE_CACHE, keeps the cache in a directory of its own user under TMPDIR, closed to others; one open to others is not used', async () => {
+    const uid = process.getuid?.() ?? 'user';
+    const cached = async (d: string): Promise<number> => (await readdir(d, { recursive: true }).catch(() => [])).length;
+    const env = (tmp: string): NodeJS.ProcessEnv => {
+      const e: NodeJS.ProcessEnv = { ...process.env, TMPDIR: tmp };
+      delete e.NODE_COMPILE_CACHE;
+      return e;
+    };
+    const mine = join(dir, 'tmp-private');
+    await mkdir(mine);
+    const made = join(mine, `kube-userspace-proxy-compile-cache-${uid}`);
+    const a = await serve(env(mine));
+    await waitFor(async () => ((await cached(made)) > 20 ? true : undefined), 'compile cache entries', 10_000);
+    expect((await stat(made)).mode & 0o777).toBe(0o700);
+    a.r.child.kill('SIGTERM');
+    expect(await a.r.exited).toBe(0);
+    // Made by someone else first, or open to others: code cache is code, so it is left alone.
+    const open = join(dir, 'tmp-open');
+    const planted = join(open, `kube-userspace-proxy-compile-cache-${uid}`);
+    await mkdir(planted, { recursive: true });
+    await chmod(planted, 0o777);
+    const b = await serve(env(open));
+    b.r.child.kill('SIGTERM');
+    expect(await b.r.exited).toBe(0);
+    expect(await cached(planted)).toBe(0);
+    expect(await readdir(open)).toEqual([`kube-userspace-proxy-compile-cache-${uid}`]);
   });
 
   it('keeps a value the user set', async () => {
