@@ -60,6 +60,9 @@ export async function completeTakeOver(takeOver: TakeOver, proxy: RunningProxy, 
   await proxy.units.refresh();
   const unserved = unservedUnits(takeOver.from.units, proxy.units.status());
   if (unserved.length > 0) {
+    // This process's syncs stop first: one still running after the abandon could rewrite the
+    // portal after the old process has restored its rules.
+    await proxy.proxier.pause();
     takeOver.session.abandon();
     throw new ProxyError('HANDOVER', unservedMessage(takeOver.from.pid, unserved));
   }

@@ -184,6 +184,23 @@ describe('shutdown', () => {
   });
 });
 
+describe('pause (a successor abandoning a hand-over)', () => {
+  it('no change reaches the portal or the sockets after it; what runs keeps serving', async () => {
+    const { proxier, portal } = setup();
+    proxier.cache.upsertService(web('1'));
+    proxier.cache.upsertEndpointSlice(slice(['10.0.0.1'], '1'));
+    await proxier.setSynced();
+    await proxier.pause();
+    const synced = portal.syncs.length;
+    proxier.cache.deleteService('default', 'web');
+    // Asked for outright, too: nothing runs.
+    await proxier.syncNow().catch(() => undefined);
+    expect(portal.syncs.length).toBe(synced);
+    expect(proxier.status().map((s) => s.name)).toEqual(['default/web:http']);
+    await proxier.shutdown(0);
+  });
+});
+
 describe('a Service whose translation throws (a bug, not input)', () => {
   it('costs the other Services nothing, and is tried again at the next sync', async () => {
     const { proxier } = setup();

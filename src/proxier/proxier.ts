@@ -194,12 +194,21 @@ export class Proxier implements ProxierEvents {
    * what remains. Portal rules are left to the caller (they stay in place across a restart).
    */
   async shutdown(graceMs: number, opts?: CloseOptions): Promise<{ cut: number }> {
+    // A sync under way could otherwise open sockets after the unit set's snapshot, never to be closed.
+    await this.pause();
+    return this.units.shutdown(graceMs, opts);
+  }
+
+  /**
+   * No sync from now on, and the one under way finished: nothing this process does touches the
+   * portal any more (a successor that abandons a hand-over, before the old process re-syncs its
+   * rules). Serving goes on until shutdown().
+   */
+  async pause(): Promise<void> {
     this.stopping = true;
     this.runner.stop();
-    // A sync under way could otherwise open sockets after the unit set's snapshot, never to be closed.
     await this.current;
     await this.exclusive;
-    return this.units.shutdown(graceMs, opts);
   }
 
   private makeSink(): StateSink {
