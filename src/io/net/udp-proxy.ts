@@ -95,10 +95,8 @@ export class UdpProxySocket implements ProxySocket {
   private heldBytes = 0;
   private readonly onHoldEpisode: (() => void) | undefined;
   private drainWaiters: (() => void)[] = [];
-  private readonly reclaimWarnings = new RateLimiter(1000, systemClock.now);
-  private readonly fdWarnings = new RateLimiter(1000, systemClock.now);
-  private readonly listenerErrors = new RateLimiter(1000, systemClock.now);
-  private readonly replySocketErrors = new RateLimiter(1000, systemClock.now);
+  /** One line a second at most per kind of trouble; each limiter made on its first line (most ports never log). */
+  private limiters: Partial<Record<'reclaim' | 'fd' | 'listener' | 'replySocket', RateLimiter>> | undefined;
   /** Reply sockets of ended sessions still read to the end of their queues (closeReplySocket). */
   private readonly replySocketsClosing = new Set<DgramSocket>();
   /** destroyAll() under way: reply sockets close at once. */
@@ -116,6 +114,11 @@ export class UdpProxySocket implements ProxySocket {
     this.receiveBuffers = opts.receiveBuffers ?? new UdpReceiveBuffers({ logger: opts.logger });
     this.holdMs = opts.holdWhenEmptyMs ?? 0;
     this.onHoldEpisode = opts.onHoldEpisode;
+  }
+
+  private limiter(kind: 'reclaim' | 'fd' | 'listener' | 'replySocket'): RateLimiter {
+    const limiters = (this.limiters ??= {});
+    return (limiters[kind] ??= new RateLimiter(1000, systemClock.now));
   }
 
   /** Made on first use, as in TcpProxySocket: most service ports never log. */
@@ -268,7 +271,7 @@ export class UdpProxySocket implements ProxySocket {
   private onReplySocketError(session: UdpSession, err: Error): void {
     if (session.closed) return;
     if (errnoCode(err) !== 'ECONNREFUSED') {
-      const held = this.replySocketErrors.take();
+      const held = this.limiter('replySocket').take();
       if (held !== undefined) this.log.warn({ err, client: session.key, suppressed: held }, 'udp session after hand-over: its reply socket failed, session ended');
     }
     this.endSession(session);
@@ -510,7 +513,7 @@ export class UdpProxySocket implements ProxySocket {
       if (this.balancer.reportDial(session.endpoint, false)) this.stats.outlierEjections++;
       if (this.debugEnabled()) this.log.debug({ client: session.key, endpoint: session.endpoint.addr }, 'endpoint refused: udp session ended');
     } else if (isOutOfDescriptors(err)) {
-      const held = this.fdWarnings.take();
+      const held = this.limiter('fd').take();
       if (held !== undefined) this.log.warn({ err, suppressed: held }, 'out of file descriptors: udp session dropped');
     } else {
       this.log.warn({ err, client: session.key, endpoint: session.endpoint.addr }, 'udp session error');
@@ -535,7 +538,7 @@ export class UdpProxySocket implements ProxySocket {
     const oldest = this.order.oldest();
     if (oldest === undefined) return;
     this.stats.udpSessionsReclaimed++;
-    const held = this.reclaimWarnings.take();
+    const held = this.limiter('reclaim').take();
     if (held !== undefined) {
       this.log.warn({ maxSessions: this.maxSessions, client: oldest.key, suppressed: held }, 'udp session bound reached: least recently active session reclaimed');
     }
@@ -567,7 +570,7 @@ export class UdpProxySocket implements ProxySocket {
    * error level each would otherwise cost a log line.
    */
   private onListenerError(bound: BoundAddress, err: Error): void {
-    const held = this.listenerErrors.take();
+    const held = this.limiter('listener').take();
     if (held !== undefined) this.log.error({ err, address: hostPort(bound), suppressed: held }, 'listener error');
   }
 
