@@ -1,5 +1,4 @@
 import type { V1EndpointSlice } from '@kubernetes/client-node';
-import { EventEmitter } from 'node:events';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
@@ -11,7 +10,6 @@ import { PROXY_PROTOCOL_ANNOTATION } from '../src/core/annotations.js';
 import type { LoadBalancer } from '../src/core/balancer/load-balancer.js';
 import { RoundRobinBalancer } from '../src/core/balancer/round-robin.js';
 import { systemClock } from '../src/core/clock.js';
-import { ProxyError } from '../src/core/errors.js';
 import { toEndpoint, type PortalAddress } from '../src/core/model.js';
 import { PortAllocator } from '../src/core/port-allocator.js';
 import type { ProxyUnit } from '../src/core/units.js';
@@ -19,7 +17,8 @@ import { DirectDialer } from '../src/io/net/direct-dialer.js';
 import { TcpProxySocket, type TcpProxySocketOptions } from '../src/io/net/tcp-proxy.js';
 import { UdpReceiveBuffers } from '../src/io/net/udp-receive-buffers.js';
 import { proxySocketFactory } from '../src/proxy-sockets.js';
-import type { Dialer, Upstream } from '../src/seams/dialer.js';
+import type { Dialer } from '../src/seams/dialer.js';
+import { FailingUpstream } from './helpers/failing-upstream.js';
 import type { Portal } from '../src/seams/portal.js';
 import { FakeApiServer } from './helpers/fake-apiserver.js';
 import { FakeBalancer } from './helpers/fake-balancer.js';
@@ -152,55 +151,6 @@ describe('the header an endpoint receives', () => {
   });
 });
 
-/** An upstream that takes bytes and then fails before its endpoint spoke, giving them back (port-forward's early failure). */
-class EarlyFailingUpstream extends EventEmitter implements Upstream {
-  bytesRead = 0;
-  bytesWritten = 0;
-  writableLength = 0;
-  readableEnded = false;
-  destroyed = false;
-  closed = false;
-  readonly written: Uint8Array[] = [];
-
-  constructor(private readonly failAfter: number) {
-    super();
-  }
-
-  write(chunk: Uint8Array): boolean {
-    this.written.push(chunk);
-    this.bytesWritten += chunk.length;
-    if (this.bytesWritten >= this.failAfter) setImmediate(() => this.fail());
-    return true;
-  }
-
-  end(): void {
-    setImmediate(() => this.fail());
-  }
-
-  destroy(): void {
-    if (this.destroyed) return;
-    this.destroyed = true;
-    setImmediate(() => {
-      this.closed = true;
-      this.emit('close');
-    });
-  }
-
-  resetAndDestroy(): void {
-    this.destroy();
-  }
-
-  resume(): void {}
-
-  private fail(): void {
-    if (this.destroyed) return;
-    // Copies, as an upstream may keep them: the connection must not rely on the chunks' identity.
-    const err = Object.assign(new ProxyError('PORT_FORWARD', 'the pod refused the port'), { unsent: this.written.map((c) => Buffer.from(c)) });
-    this.emit('error', err);
-    this.destroy();
-  }
-}
-
 describe('a retry to the next endpoint', () => {
   it('after a refused dial: the endpoint that answers gets one header', async () => {
     const be = await backend();
@@ -217,11 +167,11 @@ describe('a retry to the next endpoint', () => {
 
   it('after an upstream failed early with the header and bytes it took: the next gets a fresh header, then the bytes, once', async () => {
     const be = await backend();
-    const failed: EarlyFailingUpstream[] = [];
+    const failed: FailingUpstream[] = [];
     const dialer: Dialer = {
       dial: async (req) => {
         if (req.endpoint.port !== 1) return new DirectDialer().dial(req);
-        const u = new EarlyFailingUpstream(28 + 5);
+        const u = new FailingUpstream(28 + 5);
         failed.push(u);
         return u;
       },
@@ -238,7 +188,7 @@ describe('a retry to the next endpoint', () => {
     const bytes = await got;
     // The failed upstream was sent the header first, then the client's bytes.
     expect(failed).toHaveLength(1);
-    const first = Buffer.concat((failed[0] as EarlyFailingUpstream).written.map((c) => Buffer.from(c)));
+    const first = Buffer.concat((failed[0] as FailingUpstream).written);
     expect(readHeader(first)).toMatchObject({ sourcePort: clientPort, rest: Buffer.from('hello') });
     // The next one: its own header and the bytes, not the first header replayed as the client's.
     expect(bytes.length).toBe(28 + 5);

@@ -1,10 +1,9 @@
-import { EventEmitter } from 'node:events';
 import { afterEach, describe, expect, it } from 'vitest';
 import type { LoadBalancer } from '../src/core/balancer/load-balancer.js';
-import { ProxyError } from '../src/core/errors.js';
 import { DirectDialer } from '../src/io/net/direct-dialer.js';
 import { TcpProxySocket } from '../src/io/net/tcp-proxy.js';
-import type { Dialer, Upstream } from '../src/seams/dialer.js';
+import type { Dialer } from '../src/seams/dialer.js';
+import { FailingUpstream } from './helpers/failing-upstream.js';
 import { FakeBalancer } from './helpers/fake-balancer.js';
 import { captureLogger, closedTcpPort, connectTo, tcpBackend, withDeadline } from './helpers/proxy-fixtures.js';
 
@@ -20,56 +19,6 @@ afterEach(async () => {
   for (const fn of cleanups.splice(0).reverse()) await fn();
 });
 
-class FailingUpstream extends EventEmitter implements Upstream {
-  bytesRead = 0;
-  bytesWritten = 0;
-  writableLength = 0;
-  readableEnded = false;
-  destroyed = false;
-  closed = false;
-  readonly written: Buffer[] = [];
-  ended = false;
-
-  /** Fails once `failAfter` bytes arrived (or at the FIN), giving them back unless `keep` is false. */
-  constructor(private readonly failAfter: number, private readonly keep = true) {
-    super();
-  }
-
-  write(chunk: Uint8Array): boolean {
-    this.written.push(Buffer.from(chunk));
-    this.bytesWritten += chunk.length;
-    if (this.bytesWritten >= this.failAfter) setImmediate(() => this.fail());
-    return true;
-  }
-
-  end(): void {
-    this.ended = true;
-    setImmediate(() => this.fail());
-  }
-
-  destroy(): void {
-    if (this.destroyed) return;
-    this.destroyed = true;
-    setImmediate(() => {
-      this.closed = true;
-      this.emit('close');
-    });
-  }
-
-  resetAndDestroy(): void {
-    this.destroy();
-  }
-
-  resume(): void {}
-
-  private fail(): void {
-    if (this.destroyed) return;
-    const err = new ProxyError('API', 'the pod refused the port') as ProxyError & { unsent?: Uint8Array[] };
-    if (this.keep) err.unsent = this.written;
-    this.emit('error', err);
-    this.destroy();
-  }
-}
 
 async function proxyFor(balancer: LoadBalancer, dialer: Dialer): Promise<{ proxy: TcpProxySocket; port: number }> {
   const { logger } = captureLogger('warn');
