@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { parseCommandLine } from '../src/cli.js';
 import { buildConfig } from '../src/config.js';
-import { decodeHandoverLine, encodeHandoverMessage, HANDOVER_PROTOCOL, refuseReason, unservedMessage, unservedUnits, type HandoverHello, type HandoverMessage } from '../src/core/handover.js';
+import { decodeHandoverLine, encodeHandoverMessage, HANDOVER_PROTOCOL, NONE_OF_THEM, refuseReason, unservedMessage, unservedUnits, type HandoverHello, type HandoverMessage } from '../src/core/handover.js';
 import { parseKubeProxyConfiguration } from '../src/kube-proxy-config.js';
 
 /** The hand-over protocol's messages and the old process's decision (src/core/handover.ts). */
@@ -54,6 +54,13 @@ describe('the new process says ready only if it listens for what the old one ser
     const mine = [err('a'), err('b', 'cannot listen on 10.0.0.1:53: the address is not local to this node'), err('c', 'x'), err('d', 'y')];
     expect(unservedUnits(['a', 'b', 'd', 'gone'], mine)).toEqual([mine[1], mine[3]]);
     expect(unservedUnits([], mine)).toEqual([]);
+  });
+
+  it('names every unit the old process serves when the new one runs none of them (its source is wrong, not the cluster)', () => {
+    expect(unservedUnits(['a', 'b'], [err('c')])).toEqual([{ name: 'a', errors: [NONE_OF_THEM] }, { name: 'b', errors: [NONE_OF_THEM] }]);
+    expect(unservedUnits(['a', 'b'], [])).toHaveLength(2);
+    // One of them still there: the others' Services went away meanwhile.
+    expect(unservedUnits(['a', 'b'], [err('a')])).toEqual([]);
   });
 
   it('says so in one line: the first unit with its error, a few more by name', () => {

@@ -1,9 +1,11 @@
+import { writeFile } from 'node:fs/promises';
 import { createConnection, type Socket } from 'node:net';
+import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import type { Spawned } from './helpers/cli.js';
 import { waitFor } from './helpers/net.js';
 import { startLoad, type Load, type LoadOptions, type LoadResult } from './helpers/handover-load.js';
-import { createHandoverNode, HO, loggedPid, type HandoverNode } from './helpers/handover-node.js';
+import { createHandoverNode, handoverState, HO, loggedPid, type HandoverNode } from './helpers/handover-node.js';
 import { iptablesSkipReason, netnsSkipReason, nsExec, nsRequest, reportSkip } from './helpers/netns.js';
 
 /**
@@ -64,21 +66,29 @@ async function welcomedNewcomer(node: HandoverNode): Promise<{ line: Socket; got
   return { line, got: () => got };
 }
 
+/** One GET on the health port inside the node's namespace (whichever process the kernel picks answers). */
+async function healthProbe(node: HandoverNode, path: string): Promise<{ status: number; body: string }> {
+  const script = `fetch('http://127.0.0.1:10256${path}').then(async (r) => process.stdout.write(JSON.stringify({ status: r.status, body: await r.text() })), (e) => { process.stderr.write(String(e)); process.exit(1); });`;
+  return JSON.parse((await nsExec(node.ns, process.execPath, ['-e', script])).stdout) as { status: number; body: string };
+}
+
 const VARIANTS = [
   { name: '--portal loopback', portal: 'loopback', host: HO.loopbackIP, extra: [] as string[], long: FULL ? 1000 : 200, restarts: FULL ? 20 : 5, skip: netnsSkipReason },
   { name: '--portal iptables', portal: 'iptables', host: HO.clusterIP, extra: ['--workers', '1'] as string[], long: FULL ? 1000 : 100, restarts: FULL ? 20 : 3, skip: iptablesSkipReason },
   { name: '--workers 2', portal: 'loopback', host: HO.loopbackIP, extra: ['--workers', '2'] as string[], long: FULL ? 1000 : 100, restarts: FULL ? 20 : 3, skip: netnsSkipReason },
 ] as const;
 
+/** Each test's namespace and load generator, removed after it whatever happened. */
+let node: HandoverNode | undefined;
+let load: Load | undefined;
+afterEach(async () => {
+  load?.kill();
+  await node?.destroy();
+  node = undefined;
+  load = undefined;
+});
+
 describe.each(VARIANTS)('hand-over across restarts ($name)', ({ portal, host, extra, long, restarts, skip }) => {
-  let node: HandoverNode | undefined;
-  let load: Load | undefined;
-  afterEach(async () => {
-    load?.kill();
-    await node?.destroy();
-    node = undefined;
-    load = undefined;
-  });
 
   it.skipIf(skip !== undefined)(`${long} long-lived connections, new connections and UDP queries across ${restarts} restarts: no connection refused or reset, no byte lost or reordered, no UDP datagram lost and every reply from the service address; the long-lived ones finish on the first process`, async () => {
     node = await createHandoverNode(`ho${portal.slice(0, 2)}${extra.length}`, { portal });
@@ -118,14 +128,6 @@ describe.each(VARIANTS)('hand-over across restarts ($name)', ({ portal, host, ex
 });
 
 describe('hand-over faults', () => {
-  let node: HandoverNode | undefined;
-  let load: Load | undefined;
-  afterEach(async () => {
-    load?.kill();
-    await node?.destroy();
-    node = undefined;
-    load = undefined;
-  });
   const request = (n: HandoverNode, what: string): Promise<string> => nsRequest(n.ns, 'tcp', HO.loopbackIP, HO.tcpPort, what, 3000);
 
   it.skipIf(netnsSkipReason !== undefined)('a hand-over asked with a different --portal is refused in one line; the old process serves on and takes a later hand-over', async () => {
@@ -274,10 +276,7 @@ describe('hand-over faults', () => {
     node = await createHandoverNode('hohealth');
     const old = node.proxy();
     await old.waitForLine(/answering hand-overs/, 30_000);
-    const probe = async (path: string): Promise<{ status: number; body: string }> => {
-      const script = `fetch('http://127.0.0.1:10256${path}').then(async (r) => process.stdout.write(JSON.stringify({ status: r.status, body: await r.text() })), (e) => { process.stderr.write(String(e)); process.exit(1); });`;
-      return JSON.parse((await nsExec(node!.ns, process.execPath, ['-e', script])).stdout) as { status: number; body: string };
-    };
+    const probe = (path: string): Promise<{ status: number; body: string }> => healthProbe(node as HandoverNode, path);
     expect((await probe('/readyz')).status).toBe(200);
     // The successor, played by the test over the socket: welcomed, and held before ready.
     const { line } = await welcomedNewcomer(node);
@@ -292,6 +291,27 @@ describe('hand-over faults', () => {
     expect((await probe('/readyz')).status).toBe(200);
     expect(await request(node, 'still')).toBe('be:still');
   }, 60_000);
+
+  it.skipIf(netnsSkipReason !== undefined)('a successor whose source holds none of the Services the old process serves (its state file not there yet) does not take over: exit 1 in one line; the old one serves on, ready', async () => {
+    node = await createHandoverNode('honone');
+    const old = node.proxy();
+    await old.waitForLine(/answering hand-overs/, 30_000);
+    const later = join(node.dir, 'later.json');
+    const next = node.proxy([], ['--state', later]);
+    expect(await next.exited).toBe(1);
+    const lines = next.stderr().trim().split('\n');
+    expect(lines).toHaveLength(1);
+    expect(lines[0]).toContain('runs none of the running proxy\'s service ports');
+    await old.waitForLine(/hand-over abandoned, serving on/);
+    expect(await request(node, 'still')).toBe('be:still');
+    expect((await healthProbe(node, '/readyz')).status).toBe(200);
+    // With its state file there, the next one takes over.
+    await writeFile(later, handoverState());
+    const third = node.proxy([], ['--state', later]);
+    await third.waitForLine(/took over from the previous process/, 30_000);
+    await old.waitForLine(/handed over/, 10_000);
+    expect(await request(node, 'served')).toBe('be:served');
+  }, 90_000);
 
   it.skipIf(netnsSkipReason !== undefined)('a successor that cannot listen for a service port the old process serves (a lower open-file limit) is not ready: it abandons the hand-over and exits 1 in one line naming it; the old one serves on', async () => {
     node = await createHandoverNode('hounserved');

@@ -131,14 +131,21 @@ export interface UnitListening {
   errors: readonly string[];
 }
 
+/** What a unit the new process does not run is said to have, when it runs none of the old one's. */
+export const NONE_OF_THEM = 'not run here: this process runs none of the running proxy\'s service ports (its source holds none of their Services: a state file not there yet, another cluster or namespace?)';
+
 /**
  * The units the old process serves that the new one does not listen for (a listen error): said
  * ready, the old one would close its listeners and those ports would be closed. Units the new one
- * does not run at all are left out: their Service went away meanwhile.
+ * does not run at all are left out, their Service gone meanwhile — unless it runs none of them:
+ * then its source is what is wrong (a state file that is not there yet, a kubeconfig for another
+ * cluster), and taking over would close every Service of the node.
  */
 export function unservedUnits(served: readonly string[], mine: readonly UnitListening[]): UnitListening[] {
   const wanted = new Set(served);
-  return mine.filter((u) => wanted.has(u.name) && u.errors.length > 0);
+  const running = mine.filter((u) => wanted.has(u.name));
+  if (running.length === 0) return served.map((name) => ({ name, errors: [NONE_OF_THEM] }));
+  return running.filter((u) => u.errors.length > 0);
 }
 
 /** How many units the one line names. */
