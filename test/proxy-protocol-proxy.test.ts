@@ -11,7 +11,6 @@ import type { LoadBalancer } from '../src/core/balancer/load-balancer.js';
 import { RoundRobinBalancer } from '../src/core/balancer/round-robin.js';
 import { systemClock } from '../src/core/clock.js';
 import { toEndpoint, type PortalAddress } from '../src/core/model.js';
-import { PortAllocator } from '../src/core/port-allocator.js';
 import type { ProxyUnit } from '../src/core/units.js';
 import { DirectDialer } from '../src/io/net/direct-dialer.js';
 import { TcpProxySocket, type TcpProxySocketOptions } from '../src/io/net/tcp-proxy.js';
@@ -22,7 +21,7 @@ import { FailingUpstream } from './helpers/failing-upstream.js';
 import type { Portal } from '../src/seams/portal.js';
 import { FakeApiServer } from './helpers/fake-apiserver.js';
 import { FakeBalancer } from './helpers/fake-balancer.js';
-import { makeProxier } from './helpers/make-proxier.js';
+import { loopbackProxier } from './helpers/make-proxier.js';
 import { freePort, waitFor } from './helpers/net.js';
 import { endpointSlice, service } from './helpers/objects.js';
 import { captureLogger, closedTcpPort, connectTo, withDeadline } from './helpers/proxy-fixtures.js';
@@ -210,20 +209,7 @@ describe('a unit behind a NAT portal (proxy ports, as the iptables portal asks f
       cleanup: async () => undefined,
     };
     const settings = { udpIdleTimeoutMs: 30_000, maxUdpSessions: 100, tcpKeepAliveMs: 0, tcpIdleTimeoutMs: 0, holdMaxPerServicePort: 10, holdMaxPerNode: 10 };
-    const { proxier } = makeProxier({
-      portal,
-      logger,
-      balancerFactory: (deps) => new RoundRobinBalancer(deps),
-      socketFactory: proxySocketFactory(settings, logger, new UdpReceiveBuffers({ logger })),
-      portAllocator: new PortAllocator(undefined, Math.random),
-      clock: systemClock,
-      random: Math.random,
-      node: { name: 'n' },
-      minSyncPeriodMs: 0,
-      syncPeriodMs: 60_000,
-      sweepIntervalMs: 50,
-      bindAddress: LO,
-    });
+    const { proxier } = loopbackProxier(logger, proxySocketFactory(settings, logger, new UdpReceiveBuffers({ logger })), portal);
     cleanups.push(() => proxier.shutdown(0));
     const svc = service({ name: 'web', clusterIP: '10.96.0.10', ports: [{ name: 'http', port: 80 }] }) as { metadata: Record<string, unknown> };
     svc.metadata.annotations = { [PROXY_PROTOCOL_ANNOTATION]: 'v2' };

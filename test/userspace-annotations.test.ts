@@ -1,17 +1,12 @@
 import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
 import { afterEach, describe, expect, it } from 'vitest';
 import { HOLD_WHEN_EMPTY_ANNOTATION, LOAD_BALANCER_ANNOTATION, PROXY_PROTOCOL_ANNOTATION, serviceAnnotations } from '../src/core/annotations.js';
-import { RoundRobinBalancer } from '../src/core/balancer/round-robin.js';
-import { systemClock } from '../src/core/clock.js';
 import { planService } from '../src/core/plan.js';
-import { PortAllocator } from '../src/core/port-allocator.js';
 import { translateService } from '../src/core/translate.js';
 import { DirectDialer } from '../src/io/net/direct-dialer.js';
 import { TcpProxySocket } from '../src/io/net/tcp-proxy.js';
 import { LoopbackPortal } from '../src/io/portal/loopback-portal.js';
-import { makeProxier } from './helpers/make-proxier.js';
-import type { Logger } from '../src/seams/logger.js';
-import type { ProxySocketFactory } from '../src/proxier/unit-set.js';
+import { loopbackProxier } from './helpers/make-proxier.js';
 import { endpointSlice, service } from './helpers/objects.js';
 import { captureLogger, connectTo, waitUntil, withDeadline, tcpBackend } from './helpers/proxy-fixtures.js';
 
@@ -19,24 +14,6 @@ const cleanups: (() => unknown)[] = [];
 afterEach(async () => {
   for (const fn of cleanups.splice(0).reverse()) await fn();
 });
-
-/** A sync loop over this process's sockets on the loopback portal, syncing at once. */
-function loopbackProxier(logger: Logger, socketFactory: ProxySocketFactory, portal = new LoopbackPortal()): ReturnType<typeof makeProxier> {
-  return makeProxier({
-    portal,
-    logger,
-    balancerFactory: (deps) => new RoundRobinBalancer(deps),
-    socketFactory,
-    portAllocator: new PortAllocator(undefined, Math.random),
-    clock: systemClock,
-    random: Math.random,
-    node: { name: 'n' },
-    minSyncPeriodMs: 0,
-    syncPeriodMs: 60_000,
-    sweepIntervalMs: 50,
-    bindAddress: '127.0.0.1',
-  });
-}
 
 function web(annotations: Record<string, unknown> = {}, rv = '1'): V1Service {
   const svc = service({ name: 'web', clusterIP: '10.96.0.10', ports: [{ name: 'http', port: 80 }, { name: 'dns', port: 53, protocol: 'UDP' }], resourceVersion: rv }) as { metadata: Record<string, unknown> };

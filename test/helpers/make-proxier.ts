@@ -1,7 +1,10 @@
 import type { BalancerFactory } from '../../src/core/balancer/load-balancer.js';
+import { RoundRobinBalancer } from '../../src/core/balancer/round-robin.js';
+import { systemClock } from '../../src/core/clock.js';
+import { LoopbackPortal } from '../../src/io/portal/loopback-portal.js';
 import type { Clock, RandomSource } from '../../src/core/clock.js';
 import type { NodeInfo } from '../../src/core/model.js';
-import type { PortAllocator } from '../../src/core/port-allocator.js';
+import { PortAllocator } from '../../src/core/port-allocator.js';
 import type { Logger } from '../../src/log.js';
 import { Proxier, type ProxierOptions } from '../../src/proxier/proxier.js';
 import { LocalUnitSet, type ProxySocketFactory } from '../../src/proxier/unit-set.js';
@@ -37,4 +40,22 @@ export function makeProxier(p: ProxierParts, loop: Pick<ProxierOptions, 'syncRet
   });
   const proxier = new Proxier({ portal: p.portal, units, logger: p.logger, clock: p.clock, random: p.random, node: p.node, minSyncPeriodMs: p.minSyncPeriodMs, syncPeriodMs: p.syncPeriodMs, ...loop });
   return { proxier, units };
+}
+
+/** A sync loop over this process's sockets on the loopback portal, syncing at once. */
+export function loopbackProxier(logger: Logger, socketFactory: ProxySocketFactory, portal: Portal = new LoopbackPortal()): ReturnType<typeof makeProxier> {
+  return makeProxier({
+    portal,
+    logger,
+    balancerFactory: (deps) => new RoundRobinBalancer(deps),
+    socketFactory,
+    portAllocator: new PortAllocator(undefined, Math.random),
+    clock: systemClock,
+    random: Math.random,
+    node: { name: 'n' },
+    minSyncPeriodMs: 0,
+    syncPeriodMs: 60_000,
+    sweepIntervalMs: 50,
+    bindAddress: '127.0.0.1',
+  });
 }
