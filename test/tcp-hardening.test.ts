@@ -1,7 +1,8 @@
 import { execFileSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { connect, type Socket } from 'node:net';
-import { afterEach, describe, expect, it } from 'vitest';
+import { afterEach, describe, expect, it, vi } from 'vitest';
+import { toEndpoint } from '../src/core/model.js';
 import type { LoadBalancer } from '../src/core/balancer/load-balancer.js';
 import { DirectDialer } from '../src/io/net/direct-dialer.js';
 import { backlogFromSomaxconn } from '../src/io/net/listen-backlog.js';
@@ -101,6 +102,28 @@ describe('TCP keepalive on both legs', () => {
     }
     // The control: the test's own client socket was not asked for keepalive, and runs no timer.
     expect(seen.client?.timer).toBe(0);
+  });
+
+  it('gives the dialed leg keepalive after it lived a tick, not at connect: a short connection never pays for it', async () => {
+    // Only the dialer's batch timer is faked: the sockets and the test's waits run on real time.
+    vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
+    cleanups.push(() => vi.useRealTimers());
+    const echo = await backend();
+    const dialer = new DirectDialer({ keepAliveMs: 7000 });
+    const request = { endpoint: toEndpoint({ ip: LO, port: echo.port }), clientAddress: LO, clientPort: 1, localAddress: LO, localPort: 2, timeoutMs: 1000 };
+    const young = await dialer.dial(request);
+    const gone = await dialer.dial(request);
+    cleanups.push(() => young.destroy());
+    gone.destroy(); // closed before its tick: skipped, not an error
+    const dialed = (): TcpRow | undefined => tcpRows().find((r) => r.state === '01' && r.localPort === young.localPort && r.remotePort === echo.port);
+    expect(dialed()?.timer).toBe(0);
+    vi.advanceTimersByTime(1000); // the first tick: it connected during this one
+    expect(dialed()?.timer).toBe(0);
+    vi.advanceTimersByTime(1000); // the second: it lived a whole tick
+    const leg = dialed();
+    expect(leg?.timer).toBe(2);
+    expect(leg?.ticks).toBeGreaterThan(0);
+    expect(leg?.ticks).toBeLessThanOrEqual(700);
   });
 
   it('is off on both legs with 0', async () => {
