@@ -71,13 +71,15 @@ function prefixOf(tree: number): string {
 
 /** A unit's rules (or, in a multiport tree, its ports) in one leaf, in the unit's order. */
 interface Part {
+  /** The unit's id. */
+  id: string;
   tree: number;
   leaf: string;
   protocol: Protocol;
   /** What the leaf is filed by: a portal address's last byte, or a port. */
   at: number;
-  specs: string[];
-  ports: number[];
+  /** Rules (address and port trees) or ports (multiport trees). */
+  items: Array<string | number>;
 }
 
 interface UnitEntry {
@@ -105,8 +107,8 @@ interface TreeNode {
   children: Map<string, TreeNode>;
   /** `children` in order; undefined once they change. */
   ordered: TreeNode[] | undefined;
-  /** In a leaf, the ids of the units with rules in it. */
-  members: Set<string>;
+  /** In a leaf, the parts of the units with rules in it (an array: cheaper to fill than a map, and emptied one by one). */
+  members: Part[];
   rules: string[];
   /** Taken out of its tree (a leaf with no rules left, a chain with no leaf left). */
   gone: boolean;
@@ -122,6 +124,8 @@ export class IncrementalRender {
   private readonly errors = new Map<string, string>();
   /** Chains to render again at the end of this render. */
   private readonly dirty = new Set<TreeNode>();
+  /** Leaf names by tree and what files a rule there, made once (a first render asks for tens of thousands). */
+  private readonly leafNames = new Map<number, string>();
 
   render(input: IptablesRenderInput): RenderedRules {
     const ctx = renderContext(input);
@@ -187,27 +191,45 @@ export class IncrementalRender {
   private file(ctx: UnitRulesContext, entry: UnitEntry): void {
     const id = entry.unit.id;
     const r = unitRules(ctx, entry.unit, entry.proxyPort, entry.families);
-    const parts = entry.parts;
-    const partOf = (tree: number, leaf: string, protocol: Protocol, at: number): Part => {
-      let part = parts.find((p) => p.leaf === leaf);
-      if (part === undefined) parts.push((part = { tree, leaf, protocol, at, specs: [], ports: [] }));
-      return part;
-    };
     const protocol = entry.unit.protocol;
-    for (const e of r.portalsContainer) partOf(PC, addressLeaf(prefixOf(PC), e.lastByte), protocol, e.lastByte).specs.push(e.spec);
-    for (const e of r.portalsHost) partOf(PH, addressLeaf(prefixOf(PH), e.lastByte), protocol, e.lastByte).specs.push(e.spec);
-    for (const e of r.nodePortsContainer) partOf(NC, portLeaf(prefixOf(NC), e.protocol, e.port, 2), e.protocol, e.port).specs.push(e.spec);
-    for (const e of r.nodePortsHost) partOf(NH, portLeaf(prefixOf(NH), e.protocol, e.port, 2), e.protocol, e.port).specs.push(e.spec);
-    for (const port of r.guarded) partOf(PP, portLeaf(prefixOf(PP), protocol, port, 1), protocol, port).ports.push(port);
-    if (r.nodePortTarget) partOf(NL, portLeaf(prefixOf(NL), protocol, entry.proxyPort, 1), protocol, entry.proxyPort).ports.push(entry.proxyPort);
+    for (const e of r.portalsContainer) this.add(entry, PC, protocol, e.lastByte, e.spec);
+    for (const e of r.portalsHost) this.add(entry, PH, protocol, e.lastByte, e.spec);
+    for (const e of r.nodePortsContainer) this.add(entry, NC, e.protocol, e.port, e.spec);
+    for (const e of r.nodePortsHost) this.add(entry, NH, e.protocol, e.port, e.spec);
+    for (const port of r.guarded) this.add(entry, PP, protocol, port, port);
+    if (r.nodePortTarget) this.add(entry, NL, protocol, entry.proxyPort, entry.proxyPort);
     entry.error = r.error;
     if (r.error !== undefined) this.errors.set(id, r.error);
-    for (const part of parts) {
+    for (const part of entry.parts) {
       const leaf = this.nodes.get(part.leaf) ?? this.grow(ctx.family, part);
-      leaf.members.add(id);
+      leaf.members.push(part);
       this.dirty.add(leaf);
     }
     this.units.set(id, entry);
+  }
+
+  /** Adds a rule (or a port) to the unit's part of the leaf of `tree` that `at` is filed under. */
+  private add(entry: UnitEntry, tree: number, protocol: Protocol, at: number, item: string | number): void {
+    const leaf = this.leafName(tree, protocol, at);
+    for (const part of entry.parts) {
+      if (part.leaf !== leaf) continue;
+      part.items.push(item);
+      return;
+    }
+    entry.parts.push({ id: entry.unit.id, tree, leaf, protocol, at, items: [item] });
+  }
+
+  private leafName(tree: number, protocol: Protocol, at: number): string {
+    const layout = (TREES[tree] as TreeDef).layout;
+    const bucket = layout === 'address' ? at : layout === 'port' ? at >> 6 : at >> 10;
+    const key = (tree * 2 + (protocol === 'TCP' ? 0 : 1)) * 65536 + bucket;
+    let name = this.leafNames.get(key);
+    if (name === undefined) {
+      const prefix = prefixOf(tree);
+      name = layout === 'address' ? addressLeaf(prefix, at) : portLeaf(prefix, protocol, at, layout === 'port' ? 2 : 1);
+      this.leafNames.set(key, name);
+    }
+    return name;
   }
 
   /** Takes a unit's rules out of their leaves; a leaf left empty goes, and so does a chain left without leaves. */
@@ -217,8 +239,14 @@ export class IncrementalRender {
     for (const part of entry.parts) {
       const leaf = this.nodes.get(part.leaf);
       if (leaf === undefined) continue;
-      leaf.members.delete(id);
-      if (leaf.members.size > 0) this.dirty.add(leaf);
+      const members = leaf.members;
+      const at = members.indexOf(part);
+      // Order does not matter here: a leaf's rules are put in order when it is rendered.
+      if (at >= 0) {
+        members[at] = members[members.length - 1] as Part;
+        members.pop();
+      }
+      if (members.length > 0) this.dirty.add(leaf);
       else this.prune(leaf);
     }
     entry.parts = [];
@@ -266,21 +294,16 @@ export class IncrementalRender {
       for (const child of ordered(node)) rules.push((child.step as TreeStep).jump);
     } else if (def.multiport !== undefined) {
       const ports = new Set<number>();
-      for (const id of node.members) for (const port of this.partIn(id, node.chain).ports) ports.add(port);
+      for (const part of node.members) for (const port of part.items) ports.add(port as number);
       const multiport = def.multiport;
       rules = multiportRuns([...ports].sort((a, b) => a - b)).map((run) => multiport(ctx.family, node.protocol, run.join(',')));
     } else {
       rules = [];
-      for (const id of [...node.members].sort(compareIds)) for (const spec of this.partIn(id, node.chain).specs) rules.push(spec);
+      // In the order of the units' ids, as the full render lists them.
+      for (const part of node.members.sort((a, b) => compareIds(a.id, b.id))) for (const spec of part.items) rules.push(spec as string);
     }
     // The same array when nothing changed, so planSync passes over it at once.
     if (!sameRules(rules, node.rules)) node.rules = rules;
-  }
-
-  private partIn(id: string, leaf: string): Part {
-    const part = this.units.get(id)?.parts.find((p) => p.leaf === leaf);
-    if (part === undefined) throw new Error(`incremental render: ${id} is filed in ${leaf} but has no rules there`);
-    return part;
   }
 
   /** Every chain, depth first, siblings in order: as renderIptablesRules lists them. */
@@ -301,7 +324,7 @@ export class IncrementalRender {
 }
 
 function newNode(chain: string, tree: number, parent: TreeNode | undefined, step: TreeStep | undefined, leaf: boolean, protocol: Protocol): TreeNode {
-  return { chain, tree, parent, step, leaf, protocol, children: new Map(), ordered: undefined, members: new Set(), rules: [], gone: false };
+  return { chain, tree, parent, step, leaf, protocol, children: new Map(), ordered: undefined, members: [], rules: [], gone: false };
 }
 
 function ordered(node: TreeNode): TreeNode[] {
