@@ -101,9 +101,16 @@ export class FamilyBook {
       }
       this.running.set(u.id, { unit: u, seen: generation });
       const siblings = this.byServicePort.get(u.servicePort);
-      if (siblings) siblings.push(u);
-      else this.byServicePort.set(u.servicePort, [u]);
-      changed.add(u.servicePort);
+      if (siblings) {
+        siblings.push(u);
+        changed.add(u.servicePort);
+      } else {
+        // The service port's only unit (most are; every one at a first sync): its own families.
+        this.byServicePort.set(u.servicePort, [u]);
+        const own = portalFamilies(u);
+        if (own.length > 0) this.hints.set(u.servicePort, own);
+        else this.hints.delete(u.servicePort);
+      }
     }
     if (seen !== this.running.size) {
       for (const [id, { unit, seen: last }] of this.running) {
@@ -114,10 +121,21 @@ export class FamilyBook {
       }
     }
     for (const key of changed) {
-      const families = familyHints(this.byServicePort.get(key) ?? []).get(key);
+      const families = this.hintOf(key);
       if (families === undefined) this.hints.delete(key);
       else this.hints.set(key, families);
     }
+  }
+
+  /** What familyHints says of one service port's running units (without a map per service port: a first sync asks for every one). */
+  private hintOf(key: string): readonly IPFamily[] | undefined {
+    let hint: readonly IPFamily[] | undefined;
+    for (const u of this.byServicePort.get(key) ?? []) {
+      const own = portalFamilies(u);
+      if (own.length === 0) continue;
+      hint = hint === undefined ? own : [...new Set([...hint, ...own])].sort();
+    }
+    return hint;
   }
 
   private unfile(u: ProxyUnit): void {
