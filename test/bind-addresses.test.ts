@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { addressChanges, missingAddresses, wantedAddresses } from '../src/core/rules/bind-addresses.js';
-import { FamilyBook } from '../src/core/rules/families.js';
+import { FamilyBook, familyHints } from '../src/core/rules/families.js';
 import type { ProxyUnit } from '../src/core/units.js';
 
 function unit(id: string, portals: ProxyUnit['portals']): ProxyUnit {
@@ -36,5 +36,34 @@ describe('FamilyBook', () => {
     expect(book.familiesOf(external)).toEqual([4, 6]);
     book.replace([]);
     expect(book.familiesOf(external)).toEqual([4]);
+  });
+
+  it('after any sequence of replaces (units added, gone, made anew, changed in place of their id) and learns, knows what familyHints of the running units says', () => {
+    const web = unit('default/web:http', [{ kind: 'clusterIP', ip: '10.96.0.10', port: 80 }]);
+    const webV6 = unit('default/web:http', [{ kind: 'clusterIP', ip: 'fd00::a', port: 80 }]);
+    const webExternal = unit('default/web:http (external)', [{ kind: 'nodePort', ip: '', port: 30080 }]);
+    const webExternalLb = unit('default/web:http (external)', [{ kind: 'loadBalancer', ip: 'fd00:1::7', port: 80 }]);
+    const api = unit('default/api:http', [{ kind: 'externalIP', ip: '192.0.2.7', port: 80 }]);
+    const dns = unit('kube-system/dns:dns', [{ kind: 'clusterIP', ip: '10.96.0.53', port: 53 }, { kind: 'clusterIP', ip: 'fd00::35', port: 53 }]);
+    const steps: ProxyUnit[][] = [
+      [web, webExternal, api],
+      [web, webExternal, api],
+      [{ ...web }, webExternal, api, dns],
+      [webV6, webExternal, dns],
+      [webV6, webExternalLb, dns],
+      [webExternalLb, dns],
+      [webExternal],
+      [dns, web],
+      [],
+      [api, dns],
+    ];
+    const book = new FamilyBook();
+    steps.forEach((units, i) => {
+      book.replace(units);
+      expect(new Map([...book.known].sort()), `step ${i}`).toEqual(new Map([...familyHints(units)].sort()));
+      // Something opened before the next sync is known until that sync says what runs.
+      book.learn([webV6]);
+      expect(book.known.get('default/web:http')).toEqual([6]);
+    });
   });
 });

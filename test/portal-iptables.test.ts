@@ -1,7 +1,8 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { IPFamily } from '../src/core/address.js';
 import type { NodeAddress } from '../src/core/rules/node-address.js';
-import { parseIptablesSave, planJumps, planRemoval } from '../src/core/rules/iptables-save.js';
+import { chainsInDump, parseIptablesSave, planJumps, planRemoval } from '../src/core/rules/iptables-save.js';
+import { renderIptablesRules } from '../src/core/rules/render-iptables.js';
 import type { ProxyUnit } from '../src/core/units.js';
 import { UsageError } from '../src/core/errors.js';
 import { CommandError, type CommandResult, type CommandRunner } from '../src/io/portal/command-runner.js';
@@ -330,6 +331,33 @@ describe('IptablesPortal (fake node)', () => {
     expect(node.restores()).toHaveLength(1);
   });
 
+  it('an add whose transaction failed is written by the next sync, from a dump, though nothing changed since; then syncs are incremental again', async () => {
+    const node = new FakeNode();
+    const p = portal(node);
+    const [web, other, third] = unitsOf(sp('default/web:http'), sp('default/other:http', { clusterIPs: ['10.96.0.26'] }), sp('default/third:http', { clusterIPs: ['10.96.0.42'] }));
+    const v = [{ unit: web!, proxyPort: 40001 }];
+    await p.sync(v, false);
+    node.failNext.set('iptables-restore', 'iptables-restore: line 3 failed\n');
+    const added = [...v, { unit: other!, proxyPort: 40002 }];
+    expect((await p.sync(added, false)).errors).toEqual([expect.stringMatching(/^IPv4 portal rules not installed/)]);
+
+    // The same units: the render has nothing new, but the node did not take the last one. The
+    // dump (empty here) is compared with every chain, and all of it is written again.
+    node.calls = [];
+    expect(await p.sync(added, false)).toEqual({ errors: [] });
+    expect(node.saves()).toHaveLength(1);
+    const full = node.restores()[0]?.input ?? '';
+    expect(full).toContain('--comment "default/web:http"');
+    expect(full).toContain('--comment "default/other:http"');
+    expect(full).toContain('-I PREROUTING 1 ');
+
+    // Known again: the next add writes its own leaves (and the jump to its new one), without a dump.
+    node.calls = [];
+    await p.sync([...added, { unit: third!, proxyPort: 40003 }], false);
+    expect(node.saves()).toHaveLength(0);
+    expect((node.restores()[0]?.input ?? '').split('\n').filter((l) => l.startsWith(':'))).toEqual([':KUBE-UP-PC-a - [0:0]', ':KUBE-UP-PC-2a - [0:0]', ':KUBE-UP-PP-t27 - [0:0]']);
+  });
+
   it('cleanup removes what the dumps show, reports every failure together, and is fine twice', async () => {
     const node = new FakeNode();
     node.dumps[4] = LEFTOVER;
@@ -445,6 +473,20 @@ describe.skipIf(iptablesSkipReason !== undefined)(`IptablesPortal against real i
     expect(planRemoval(parseIptablesSave(saved))).toBe('');
     expect(saved).toContain(FOREIGN_NAT);
     expect(saved).toContain(FOREIGN_FILTER);
+    await p.cleanup();
+  });
+
+  it('after each of a sequence of incremental syncs (node ports, the last Service of a leaf and of its parent), the node holds what a full render says', async () => {
+    const p = new IptablesPortal({ runner: nsRunner(ns), logger: silentLogger(), nodeAddresses, bindAddress: '0.0.0.0', nodePortAddresses: [] });
+    await p.start();
+    const svc = (byte: number, over: Parameters<typeof sp>[1] = {}): Parameters<typeof unitsOf>[0] => sp(`seq/svc${byte}:http`, { clusterIPs: [`10.97.0.${byte}`], ...over });
+    const pool = views(unitsOf(svc(10, { nodePort: 31000 }), svc(26), svc(11, { protocol: 'UDP', port: 53, nodePort: 32767 }), svc(42, { externalIPs: ['203.0.113.42'] })), 41000);
+    const steps = [[0, 1, 2, 3], [0, 1, 2], [1, 2], [1], [1, 3, 0], [2], []].map((picked) => picked.map((i) => pool[i]!));
+    for (const [i, step] of steps.entries()) {
+      expect(await p.sync(step, false)).toEqual({ errors: [] });
+      const want = renderIptablesRules({ family: 4, targets: step, bindAddress: '0.0.0.0', hostIP: '192.168.1.10', nodePortCIDRs: [] }).chains;
+      expect(chainsInDump(parseIptablesSave(await dump())), `step ${i}`).toEqual(want);
+    }
     await p.cleanup();
   });
 

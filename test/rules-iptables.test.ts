@@ -6,10 +6,10 @@ import type { IPFamily } from '../src/core/address.js';
 import type { ServicePort } from '../src/core/model.js';
 import { emptyChains, type TableChains } from '../src/core/rules/chains.js';
 import { chainsInDump, freshJumps, parseIptablesSave, planJumps, planRemoval, splitWords } from '../src/core/rules/iptables-save.js';
-import { familyInUse, renderIptablesRules, type IptablesRenderInput, type PortalTarget } from '../src/core/rules/render-iptables.js';
+import { IncrementalRender } from '../src/core/rules/incremental-render.js';
+import { familyInUse, renderIptablesRules, type IptablesRenderInput, type PortalTarget, type RenderedRules } from '../src/core/rules/render-iptables.js';
 import { addressTree, portTree } from '../src/core/rules/dispatch-tree.js';
 import { planSync } from '../src/core/rules/sync-plan.js';
-import { UnitRulesCache } from '../src/core/rules/unit-rules.js';
 import { planUnits } from '../src/core/units.js';
 import { iptablesSkipReason, nsExec, reportSkip, run as runCmd } from './helpers/netns.js';
 import { servicePort } from './helpers/service-port.js';
@@ -388,25 +388,216 @@ describe('familyInUse', () => {
   });
 });
 
-describe('rendering with a cache of unit rules', () => {
-  it('renders the same as without one, across changes of units, ports and addresses', () => {
-    const cache = new UnitRulesCache();
+describe('incremental render (IncrementalRender)', () => {
+  const NONE = { nat: [], filter: [] };
+  const hostIPOf = (family: IPFamily): string => (family === 4 ? '192.168.1.10' : '2001:db8::10');
+
+  interface Step {
+    targets: PortalTarget[];
+    over?: Partial<IptablesRenderInput>;
+  }
+
+  /**
+   * Renders each step incrementally (one IncrementalRender throughout) and from scratch, and holds
+   * them to the same: the same chains in the same order, the same errors, and the same
+   * iptables-restore payload from the previous step's rules; applying the payloads one after
+   * another gets a model of the node to the full render. Returns the incremental renders and
+   * their payloads.
+   */
+  function replay(family: IPFamily, steps: readonly Step[], label = ''): Array<RenderedRules & { payload: string }> {
+    const incremental = new IncrementalRender();
+    let before = { incremental: emptyChains(), full: emptyChains() };
+    let node = emptyChains();
+    return steps.map((step, i) => {
+      const input: IptablesRenderInput = { family, targets: step.targets, bindAddress: '0.0.0.0', hostIP: hostIPOf(family), nodePortCIDRs: [], ...step.over };
+      const inc = incremental.render(input);
+      const full = renderIptablesRules(input);
+      const at = `${label} step ${i}`;
+      expect(inc.errors, `${at}: errors`).toEqual(full.errors);
+      for (const table of ['nat', 'filter'] as const) expect([...inc.chains[table]], `${at}: ${table}`).toEqual([...full.chains[table]]);
+      const payload = planSync(inc.chains, before.incremental, NONE);
+      expect(payload, `${at}: payload`).toBe(planSync(full.chains, before.full, NONE));
+      node = applyPayload(node, payload);
+      for (const table of ['nat', 'filter'] as const) expect(new Map([...node[table]].sort()), `${at}: the node after it`).toEqual(new Map([...full.chains[table]].sort()));
+      before = { incremental: inc.chains, full: full.chains };
+      return { ...inc, payload };
+    });
+  }
+
+  /** The chains a payload declares (writes or deletes). */
+  function declared(payload: string): string[] {
+    return payload.split('\n').filter((l) => l.startsWith(':')).map((l) => l.slice(1, l.indexOf(' ')));
+  }
+
+  it('removing the last unit of a leaf, then of its parent, and adding them back, plans what a full render plans', () => {
+    // 10.96.0.10 and .26 share a nibble (0xa); .10 alone is in leaf 0a, the node port 30080 alone in its blocks.
+    const [web, other, dns] = targets([
+      sp({ key: 'default/web:http', clusterIPs: ['10.96.0.10'], nodePort: 30080 }),
+      sp({ key: 'default/other:http', clusterIPs: ['10.96.0.26'] }),
+      sp({ key: 'kube-system/dns:dns', protocol: 'UDP', port: 53, clusterIPs: ['10.96.0.58'], nodePort: 30053 }),
+    ]) as [PortalTarget, PortalTarget, PortalTarget];
+    const renders = replay(4, [
+      { targets: [web, other, dns] },
+      { targets: [other, dns] },
+      { targets: [dns] },
+      { targets: [] },
+      { targets: [dns, web] },
+      { targets: [dns, web, other] },
+    ]);
+    expect([...renders[3]!.chains.nat.keys()]).toEqual(['KUBE-PORTALS-CONTAINER', 'KUBE-PORTALS-HOST', 'KUBE-NODEPORT-CONTAINER', 'KUBE-NODEPORT-HOST']);
+  });
+
+  it('node ports: a new block of 1,024 and of 64, one emptied, a UDP one (its host rules), and two Services on one node port', () => {
+    const np = (key: string, nodePort: number, over: Partial<ServicePort> = {}): ServicePort => sp({ key, clusterIPs: [`10.96.1.${nodePort & 255}`], nodePort, ...over });
+    const base = targets([np('a/one:http', 30001), np('a/two:http', 30002), np('a/three:http', 30070)]);
+    const far = targets([np('b/far:http', 32767)], 41000);
+    const udp = targets([np('b/dns:dns', 30003, { protocol: 'UDP', port: 53 })], 42000);
+    const clash = targets([np('c/clash:http', 30001)], 43000);
+    replay(4, [
+      { targets: base },
+      { targets: [...base, ...far] },
+      { targets: [...base, ...far, ...udp] },
+      { targets: [base[0]!, base[1]!, ...far, ...udp] },
+      { targets: [base[0]!, ...udp, ...clash] },
+      { targets: [...clash] },
+      { targets: [] },
+    ]);
+  });
+
+  it('a moved proxy port, new portals under the same id, and a unit that lost its proxy port', () => {
     const a = targets([sp({ key: 'default/web:http', nodePort: 30080 }), sp({ key: 'default/dns:dns', protocol: 'UDP', port: 53, clusterIPs: ['10.96.0.53'] })]);
-    const steps: PortalTarget[][] = [
-      a,
-      a,
-      [{ ...a[0]!, proxyPort: 41000 }, a[1]!],
+    replay(4, [
+      { targets: a },
+      { targets: a },
+      { targets: [{ ...a[0]!, proxyPort: 41000 }, a[1]!] },
       // The same id, new portals (a new unit object, as the proxier makes on a change).
-      [{ unit: { ...a[0]!.unit, portals: [{ kind: 'clusterIP', ip: '10.96.0.99', port: 80 }] }, proxyPort: 41000 }, a[1]!],
-      [a[1]!],
-    ];
-    for (const step of steps) {
-      expect(renderIptablesRules({ family: 4, targets: step, bindAddress: '0.0.0.0', hostIP: '192.168.1.10', nodePortCIDRs: [] }, cache)).toEqual(chainsOf(4, step));
+      { targets: [{ unit: { ...a[0]!.unit, portals: [{ kind: 'clusterIP', ip: '10.96.0.99', port: 80 }] }, proxyPort: 41000 }, a[1]!] },
+      // New unit objects of the same shape: nothing to write.
+      { targets: targets([sp({ key: 'default/dns:dns', protocol: 'UDP', port: 53, clusterIPs: ['10.96.0.53'] })], 40002) },
+      { targets: [{ unit: a[1]!.unit }] },
+      { targets: [a[1]!] },
+    ]);
+  });
+
+  it('another node address or --nodeport-addresses renders every unit anew; errors follow the units', () => {
+    const a = targets([sp({ key: 'default/web:http', nodePort: 30080 }), sp({ key: 'default/dns:dns', protocol: 'UDP', port: 53, clusterIPs: ['10.96.0.53'] })]);
+    replay(4, [
+      { targets: a },
+      { targets: a, over: { hostIP: '192.168.1.11' } },
+      { targets: a, over: { hostIP: '192.168.1.11', nodePortCIDRs: ['192.168.1.0/24', '10.0.0.0/8'] } },
+      { targets: a },
+    ]);
+    const v6 = targets([sp({ key: 'default/b6:http', clusterIPs: ['fd00::b'] }), sp({ key: 'default/a6:http', clusterIPs: ['fd00::a'] })]);
+    const renders = replay(6, [
+      { targets: v6, over: { bindAddress: '192.168.1.10' } },
+      { targets: v6.slice(0, 1), over: { bindAddress: '192.168.1.10' } },
+      { targets: v6 },
+    ]);
+    expect(renders[0]!.errors).toHaveLength(2);
+    expect(renders[1]!.errors).toEqual(['default/b6:http: cannot program its IPv6 portals: proxy ports listen on --bind-address 192.168.1.10 only']);
+  });
+
+  it('two units of one id render as a full render does', () => {
+    const [web] = targets([sp({ key: 'default/web:http' })]);
+    const again = { unit: { ...web!.unit, portals: [{ kind: 'clusterIP' as const, ip: '10.96.0.77', port: 80 }] }, proxyPort: 40077 };
+    replay(4, [{ targets: [web!] }, { targets: [web!, again] }, { targets: [web!] }, { targets: [web!, again] }, { targets: [again] }]);
+  });
+
+  it('over random sequences of adds, removals and changes (both families, every kind of portal), plans what a full render plans', () => {
+    for (const [seed, family, over] of [
+      [1, 4, {}],
+      [2, 6, {}],
+      [3, 4, { bindAddress: '192.168.1.10', nodePortCIDRs: ['192.168.1.0/24'] }],
+      [4, 6, { nodePortCIDRs: ['2001:db8::/64', '192.168.1.0/24'] }],
+    ] as Array<[number, IPFamily, Partial<IptablesRenderInput>]>) {
+      const payloads = replay(family, randomWalk(seed, 120).map((t) => ({ targets: t, over })), `seed ${seed}`).map((r) => r.payload);
+      // The walk went where it should: leaves and their parents emptied and deleted, steps with nothing to write.
+      expect(payloads.filter((p) => /^-X KUBE-UP-P[CH]-[0-9a-f]$/m.test(p)).length, `seed ${seed}`).toBeGreaterThan(0);
+      expect(payloads.filter((p) => /^-X KUBE-UP-N[CH]-[tu][0-9a-f]{2}$/m.test(p)).length, `seed ${seed}`).toBeGreaterThan(0);
+      expect(payloads.filter((p) => p === '').length, `seed ${seed}`).toBeGreaterThan(0);
     }
-    // Another node address: every unit is rendered anew.
-    expect(renderIptablesRules({ family: 4, targets: a, bindAddress: '0.0.0.0', hostIP: '192.168.1.11', nodePortCIDRs: [] }, cache)).toEqual(chainsOf(4, a, { hostIP: '192.168.1.11' }));
+  });
+
+  it('adding one Service at 1,000 renders its leaves and the parents of new ones: every other chain is the array it was', () => {
+    const thousand = Array.from({ length: 1000 }, (_, i) => sp({ key: `ns${i % 10}/svc${i}:http`, clusterIPs: [`10.96.${(i + 1) >> 8}.${(i + 1) & 255}`], nodePort: 30000 + i }));
+    const incremental = new IncrementalRender();
+    const input = (t: PortalTarget[]): IptablesRenderInput => ({ family: 4, targets: t, bindAddress: '0.0.0.0', hostIP: '192.168.1.10', nodePortCIDRs: [] });
+    const before = incremental.render(input(targets(thousand))).chains;
+    expect(planSync(incremental.render(input(targets(thousand))).chains, before, NONE)).toBe('');
+    const after = incremental.render(input([...targets(thousand), ...targets([sp({ key: 'zz/new:http', clusterIPs: ['10.96.200.77'], nodePort: 32000 })], 45000)])).chains;
+    const renderedAgain = (['nat', 'filter'] as const).flatMap((t) => [...after[t]].filter(([chain, rules]) => before[t].get(chain) !== rules).map(([chain]) => chain));
+    const payload = planSync(after, before, NONE);
+    expect(renderedAgain).toEqual(declared(payload));
+    expect(renderedAgain).toEqual(['KUBE-UP-PC-4d', 'KUBE-NODEPORT-CONTAINER', 'KUBE-UP-NC-t1f', 'KUBE-UP-NC-t1f4', 'KUBE-PROXY-PORTS', 'KUBE-UP-PP-t1f', 'KUBE-UP-PP-t2b', 'KUBE-NODEPORT-NON-LOCAL', 'KUBE-UP-NL-t2b']);
   });
 });
+
+/** A small deterministic random source for the random walks (mulberry32). */
+function seeded(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+/**
+ * `steps` sets of running units, each a few changes from the one before: Services added, removed,
+ * changed (new portals), their units made anew with the same shape, proxy ports moved, lost or
+ * regained; listed in a new order each time. Addresses and node ports are drawn from few values,
+ * so leaves and their parents fill up and empty out, and node ports clash.
+ */
+function randomWalk(seed: number, steps: number): PortalTarget[][] {
+  const rng = seeded(seed);
+  const pick = (n: number): number => Math.floor(rng() * n);
+  let nextPort = 40000;
+  const shape = (k: number): ServicePort => {
+    const byte = (): number => pick(48);
+    const ipv6 = rng() < 0.3;
+    const dual = !ipv6 && rng() < 0.2;
+    const v4 = `10.96.${k & 3}.${byte()}`;
+    const v6 = `fd00::${byte().toString(16)}`;
+    return sp({
+      key: `ns${k % 3}/svc${k}:p${k % 2}`,
+      protocol: rng() < 0.25 ? 'UDP' : 'TCP',
+      port: 53 + pick(3),
+      clusterIPs: ipv6 ? [v6] : dual ? [v4, v6] : [v4],
+      nodePort: rng() < 0.4 ? 30000 + pick(2200) : 0,
+      externalIPs: rng() < 0.15 ? [ipv6 ? `2001:db8:1::${byte().toString(16)}` : `203.0.113.${byte()}`] : [],
+      loadBalancerIPs: rng() < 0.1 ? [`198.51.100.${byte()}`] : [],
+      externalTrafficPolicy: rng() < 0.2 ? 'Local' : 'Cluster',
+    });
+  };
+  const portsOf = (units: readonly PortalTarget[]): PortalTarget[] => units.map(({ unit }) => (rng() < 0.1 ? { unit } : { unit, proxyPort: nextPort++ }));
+  const running = new Map<number, { port: ServicePort; targets: PortalTarget[] }>();
+  const add = (k: number, port = shape(k)): void => {
+    running.set(k, { port, targets: portsOf(planUnits(port, { clusterEndpoints: [], externalEndpoints: [] }).map((unit) => ({ unit }))) });
+  };
+  const out: PortalTarget[][] = [];
+  for (let step = 0; step < steps; step++) {
+    for (let op = step === 0 ? 30 : 1 + pick(4); op > 0; op--) {
+      const k = pick(60);
+      const r = running.get(k);
+      const what = pick(5);
+      if (r === undefined) add(k);
+      else if (what === 0) running.delete(k);
+      else if (what === 1) add(k);
+      else if (what === 2) add(k, r.port);
+      else if (what === 3) r.targets = r.targets.map((t) => (rng() < 0.5 ? t : rng() < 0.2 ? { unit: t.unit } : { unit: t.unit, proxyPort: nextPort++ }));
+      else r.targets = r.targets.map((t) => ({ ...t, unit: { ...t.unit } }));
+    }
+    const all = [...running.values()].flatMap((r) => r.targets);
+    for (let i = all.length - 1; i > 0; i--) {
+      const j = pick(i + 1);
+      [all[i], all[j]] = [all[j]!, all[i]!];
+    }
+    out.push(all);
+  }
+  return out;
+}
 
 reportSkip('rules-iptables.test.ts', iptablesSkipReason);
 

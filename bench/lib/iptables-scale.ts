@@ -48,9 +48,11 @@ export const IPTABLES_SCALE_INFO = (kind: IptablesKind, n: number): WorkloadInfo
     { key: 'firstSaveMs', label: 'its save', unit: 'ms', better: 'lower' },
     { key: 'addOneMs', label: 'add one', unit: 'ms', better: 'lower' },
     { key: 'addOneRestoreMs', label: 'its restore', unit: 'ms', better: 'lower' },
-    { key: 'unchangedSyncMs', label: 'then a sync that changes nothing', unit: 'ms', better: 'lower' },
+    { key: 'addOneNodeMs', label: 'its Node side (the sync less its commands)', unit: 'ms', better: 'lower' },
+    { key: 'unchangedSyncMs', label: 'then a sync that changes nothing (no command: all Node side)', unit: 'ms', better: 'lower' },
     { key: 'addAnotherMs', label: 'then add another', unit: 'ms', better: 'lower' },
     { key: 'addAnotherRestoreMs', label: 'its restore', unit: 'ms', better: 'lower' },
+    { key: 'addAnotherNodeMs', label: 'its Node side', unit: 'ms', better: 'lower' },
     { key: 'nsExecMs', label: '`ip netns exec` alone (in each command above, not in the proxy)', unit: 'ms', better: 'none' },
     { key: 'restartStartMs', label: 'restart: start', unit: 'ms', better: 'lower' },
     { key: 'restartSyncMs', label: 'restart: sync', unit: 'ms', better: 'lower' },
@@ -114,9 +116,9 @@ const nodeAddresses: NodeAddressSource = {
   ipv6Enabled: () => false,
 };
 
-/** Runs the portal's commands inside `ns`, adding up the time spent in each kind of command. */
+/** Runs the portal's commands inside `ns`, adding up the time spent in each kind of command, and in all of them. */
 class TimedRunner implements CommandRunner {
-  readonly spent = { restore: 0, save: 0 };
+  readonly spent = { restore: 0, save: 0, all: 0 };
 
   constructor(private readonly ns: string) {}
 
@@ -126,6 +128,7 @@ class TimedRunner implements CommandRunner {
       return await processRunner.run('ip', ['netns', 'exec', this.ns, command, ...args], input);
     } finally {
       const ms = performance.now() - t;
+      this.spent.all += ms;
       if (command.endsWith('-restore')) this.spent.restore += ms;
       else if (command.endsWith('-save')) this.spent.save += ms;
     }
@@ -138,6 +141,7 @@ class TimedRunner implements CommandRunner {
   reset(): void {
     this.spent.restore = 0;
     this.spent.save = 0;
+    this.spent.all = 0;
   }
 }
 
@@ -186,6 +190,7 @@ export async function iptablesScaleTrial(ctx: Context, kind: IptablesKind, n: nu
     const [addOneMs, added] = await timed(() => portal.sync(all, false));
     if (added.errors.length > 0) throw new Error(`adding one: ${added.errors[0]}`);
     const addOneRestoreMs = runner.spent.restore;
+    const addOneNodeMs = addOneMs - runner.spent.all;
     // A proxy that has run a while has synced before: the same units again (nothing to write),
     // then one more Service, is the add as a running proxy meets it (its code paths warm).
     const [unchangedSyncMs, unchanged] = await timed(() => portal.sync(all, false));
@@ -196,6 +201,7 @@ export async function iptablesScaleTrial(ctx: Context, kind: IptablesKind, n: nu
     const [addAnotherMs, another] = await timed(() => portal.sync(more, false));
     if (another.errors.length > 0) throw new Error(`adding another: ${another.errors[0]}`);
     const addAnotherRestoreMs = runner.spent.restore;
+    const addAnotherNodeMs = addAnotherMs - runner.spent.all;
 
     const config: ProbeConfig = { unrelatedPort: UNRELATED_PORT, proxyPort: proxyPortOf(n), portal: { host: clusterIPOf(n), port: 80 }, roundTrips: 2000, connections: 300, seriesMs: 5000 };
     const probed = await ctx.procs.run('ip', ['netns', 'exec', ns, process.execPath, PROBE, JSON.stringify(config)], { cpu: ctx.pin.loadCpus, timeoutMs: 30_000 });
@@ -213,9 +219,11 @@ export async function iptablesScaleTrial(ctx: Context, kind: IptablesKind, n: nu
       firstSaveMs,
       addOneMs,
       addOneRestoreMs,
+      addOneNodeMs,
       unchangedSyncMs,
       addAnotherMs,
       addAnotherRestoreMs,
+      addAnotherNodeMs,
       nsExecMs,
       restartStartMs,
       restartSyncMs,

@@ -21,7 +21,11 @@ import type { ChainRules } from './chains.js';
  *   of 64 in use; a leaf holds the rules of at most 64 ports.
  *
  * Pure: entries in, chains out (`Map` of chain name to its rules as iptables-save prints them,
- * without `-A <chain> `), the root first and always present, the rest in a fixed order.
+ * without `-A <chain> `), the root first and always present, the rest in a fixed order: depth
+ * first, siblings in ascending order of what they match.
+ *
+ * addressPath and portPath say the same one leaf at a time, for a caller that keeps the trees
+ * from one sync to the next and rewrites only the leaves that changed (incremental-render.ts).
  */
 
 export interface AddressEntry {
@@ -64,6 +68,32 @@ function groupBy<T>(entries: readonly T[], key: (e: T) => number): Array<[number
   return [...groups.entries()].sort((a, b) => a[0] - b[0]);
 }
 
+/**
+ * One chain on the way from a root down to a leaf: its name, the rule of its parent that jumps to
+ * it, and where that rule sits among its siblings (ascending).
+ */
+export interface TreeStep {
+  chain: string;
+  jump: string;
+  order: number;
+}
+
+/** The chains below the root an address tree files `lastByte` under, the leaf last (as addressTree does). */
+export function addressPath(prefix: string, family: IPFamily, lastByte: number): TreeStep[] {
+  const nibble = lastByte & 0x0f;
+  const middle = `${prefix}${hex(nibble, 1)}`;
+  const leaf = `${prefix}${hex(lastByte, 2)}`;
+  return [
+    { chain: middle, jump: `${lastByteMatch(family, nibble, 0x0f)} -j ${middle}`, order: nibble },
+    { chain: leaf, jump: `${lastByteMatch(family, lastByte, 0xff)} -j ${leaf}`, order: lastByte },
+  ];
+}
+
+/** The leaf of an address tree `lastByte` is filed under (the last step of addressPath). */
+export function addressLeaf(prefix: string, lastByte: number): string {
+  return `${prefix}${hex(lastByte, 2)}`;
+}
+
 /** Leaf `<prefix><last byte, 2 hex digits>` below `<prefix><low nibble, 1 hex digit>` below `root`. */
 export function addressTree(root: string, prefix: string, family: IPFamily, entries: readonly AddressEntry[]): ChainRules {
   const out: ChainRules = new Map([[root, []]]);
@@ -81,6 +111,10 @@ export function addressTree(root: string, prefix: string, family: IPFamily, entr
 
 const PROTOCOLS: readonly Protocol[] = ['TCP', 'UDP'];
 
+function letterOf(protocol: Protocol): string {
+  return protocol === 'TCP' ? 't' : 'u';
+}
+
 function portRange(protocol: Protocol, block: number, bits: number): string {
   const p = protocol.toLowerCase();
   const lo = block << bits;
@@ -94,7 +128,7 @@ function portRange(protocol: Protocol, block: number, bits: number): string {
 export function portTree(root: string, prefix: string, entries: readonly PortEntry[], levels: 1 | 2): ChainRules {
   const out: ChainRules = new Map([[root, []]]);
   for (const protocol of PROTOCOLS) {
-    const letter = protocol === 'TCP' ? 't' : 'u';
+    const letter = letterOf(protocol);
     for (const [block, inBlock] of groupBy(entries.filter((e) => e.protocol === protocol), (e) => e.port >> 10)) {
       const upper = `${prefix}${letter}${hex(block, 2)}`;
       push(out, root, `${portRange(protocol, block, 10)} -j ${upper}`);
@@ -110,4 +144,27 @@ export function portTree(root: string, prefix: string, entries: readonly PortEnt
     }
   }
   return out;
+}
+
+/**
+ * The chains below the root a port tree of `levels` files `port` of `protocol` under, the leaf
+ * last (as portTree does): TCP's blocks before UDP's, each ascending.
+ */
+export function portPath(prefix: string, protocol: Protocol, port: number, levels: 1 | 2): TreeStep[] {
+  const letter = letterOf(protocol);
+  const block = port >> 10;
+  const upper = `${prefix}${letter}${hex(block, 2)}`;
+  // A port's block of 1,024 is below 64: TCP's blocks take orders 0-63, UDP's 64-127.
+  const steps: TreeStep[] = [{ chain: upper, jump: `${portRange(protocol, block, 10)} -j ${upper}`, order: PROTOCOLS.indexOf(protocol) * 64 + block }];
+  if (levels === 2) {
+    const small = port >> 6;
+    const leaf = `${prefix}${letter}${hex(small, 3)}`;
+    steps.push({ chain: leaf, jump: `${portRange(protocol, small, 6)} -j ${leaf}`, order: small });
+  }
+  return steps;
+}
+
+/** The leaf of a port tree `port` is filed under (the last step of portPath). */
+export function portLeaf(prefix: string, protocol: Protocol, port: number, levels: 1 | 2): string {
+  return levels === 1 ? `${prefix}${letterOf(protocol)}${hex(port >> 10, 2)}` : `${prefix}${letterOf(protocol)}${hex(port >> 6, 3)}`;
 }

@@ -57,18 +57,91 @@ export function familyHints(units: Iterable<ProxyUnit>): Map<string, readonly IP
  * What a portal knows of each service port's families: learnt from units as they are opened (a
  * node-port-only half may be opened before its sibling is synced), and replaced by what runs at
  * every sync. Both portals that program the node keep one.
+ *
+ * `replace` gives what familyHints of the running units gives, but looks again only at the
+ * service ports whose units changed: at 10,000 Services, a new map of every service port at
+ * every sync was a good part of a sync that changed nothing.
  */
 export class FamilyBook {
-  private hints = new Map<string, readonly IPFamily[]>();
+  private readonly hints = new Map<string, readonly IPFamily[]>();
+  /** The units `replace` was last given, by id (unique among running units), and the call that last saw each. */
+  private readonly running = new Map<string, { unit: ProxyUnit; seen: number }>();
+  private generation = 0;
+  /** The same units by service port: one, or the two halves of a split one. */
+  private readonly byServicePort = new Map<string, ProxyUnit[]>();
+  /** Service ports `learn` wrote since the last `replace`: looked at again there. */
+  private readonly learnt = new Set<string>();
 
   /** Adds what these units say, keeping what is known of others. */
   learn(units: readonly ProxyUnit[]): void {
-    for (const [key, families] of familyHints(units)) this.hints.set(key, families);
+    for (const [key, families] of familyHints(units)) {
+      this.hints.set(key, families);
+      this.learnt.add(key);
+    }
   }
 
   /** Forgets everything but what these (the running) units say. */
   replace(units: Iterable<ProxyUnit>): void {
-    this.hints = familyHints(units);
+    const generation = ++this.generation;
+    const changed = new Set(this.learnt);
+    this.learnt.clear();
+    let seen = 0;
+    for (const u of units) {
+      const before = this.running.get(u.id);
+      if (before !== undefined && before.seen !== generation) seen++;
+      if (before?.unit === u) {
+        before.seen = generation;
+        continue;
+      }
+      if (before !== undefined) {
+        this.unfile(before.unit);
+        changed.add(before.unit.servicePort);
+      } else {
+        seen++;
+      }
+      this.running.set(u.id, { unit: u, seen: generation });
+      const siblings = this.byServicePort.get(u.servicePort);
+      if (siblings) {
+        siblings.push(u);
+        changed.add(u.servicePort);
+      } else {
+        // The service port's only unit (most are; every one at a first sync): its own families.
+        this.byServicePort.set(u.servicePort, [u]);
+        const own = portalFamilies(u);
+        if (own.length > 0) this.hints.set(u.servicePort, own);
+        else this.hints.delete(u.servicePort);
+      }
+    }
+    if (seen !== this.running.size) {
+      for (const [id, { unit, seen: last }] of this.running) {
+        if (last === generation) continue;
+        this.running.delete(id);
+        this.unfile(unit);
+        changed.add(unit.servicePort);
+      }
+    }
+    for (const key of changed) {
+      const families = this.hintOf(key);
+      if (families === undefined) this.hints.delete(key);
+      else this.hints.set(key, families);
+    }
+  }
+
+  /** What familyHints says of one service port's running units (without a map per service port: a first sync asks for every one). */
+  private hintOf(key: string): readonly IPFamily[] | undefined {
+    let hint: readonly IPFamily[] | undefined;
+    for (const u of this.byServicePort.get(key) ?? []) {
+      const own = portalFamilies(u);
+      if (own.length === 0) continue;
+      hint = hint === undefined ? own : [...new Set([...hint, ...own])].sort();
+    }
+    return hint;
+  }
+
+  private unfile(u: ProxyUnit): void {
+    const siblings = (this.byServicePort.get(u.servicePort) ?? []).filter((s) => s !== u);
+    if (siblings.length > 0) this.byServicePort.set(u.servicePort, siblings);
+    else this.byServicePort.delete(u.servicePort);
   }
 
   familiesOf(unit: ProxyUnit): readonly IPFamily[] {

@@ -14,7 +14,7 @@ import {
 } from './chains.js';
 import { addressTree, portTree, type AddressEntry, type PortEntry } from './dispatch-tree.js';
 import { familyHints, unitFamilies, type FamilyHints } from './families.js';
-import { hostSharesContainer, unitRules, type UnitRulesCache, type UnitRulesContext } from './unit-rules.js';
+import { hostSharesContainer, unitRules, type UnitRulesContext } from './unit-rules.js';
 
 /**
  * The iptables portal's rules for one IP family: the contents of each of our chains, as
@@ -119,22 +119,61 @@ function rejectTarget(protocol: Protocol, family: IPFamily): string {
 }
 
 /**
- * One multiport rule per run of up to 15 ports of one protocol inside one block of 1,024, so
- * each rule falls into exactly one leaf of a one-level port tree. `specOf` writes the rule.
+ * Runs of up to 15 ports (ascending, of one protocol) inside one block of 1,024, so each
+ * multiport rule falls into exactly one leaf of a one-level port tree.
  */
+export function multiportRuns(sorted: readonly number[]): number[][] {
+  const runs: number[][] = [];
+  let i = 0;
+  while (i < sorted.length) {
+    const block = (sorted[i] as number) >> 10;
+    const run: number[] = [];
+    while (i < sorted.length && run.length < MULTIPORT_MAX && (sorted[i] as number) >> 10 === block) run.push(sorted[i++] as number);
+    runs.push(run);
+  }
+  return runs;
+}
+
+/** One multiport rule per run of multiportRuns; `specOf` writes the rule. */
 function multiportEntries(ports: ReadonlyMap<Protocol, Set<number>>, specOf: (protocol: Protocol, ports: string) => string): PortEntry[] {
   const out: PortEntry[] = [];
   for (const [protocol, set] of ports) {
-    const sorted = [...set].sort((a, b) => a - b);
-    let i = 0;
-    while (i < sorted.length) {
-      const block = (sorted[i] as number) >> 10;
-      const chunk: number[] = [];
-      while (i < sorted.length && chunk.length < MULTIPORT_MAX && (sorted[i] as number) >> 10 === block) chunk.push(sorted[i++] as number);
-      out.push({ protocol, port: chunk[0] as number, spec: specOf(protocol, chunk.join(',')) });
-    }
+    for (const run of multiportRuns([...set].sort((a, b) => a - b))) out.push({ protocol, port: run[0] as number, spec: specOf(protocol, run.join(',')) });
   }
   return out;
+}
+
+/** KUBE-PROXY-PORTS: a new connection to these ports that no NAT rule sent there is refused. */
+export function guardRule(family: IPFamily, protocol: Protocol, ports: string): string {
+  const p = protocol.toLowerCase();
+  return `-p ${p} -m multiport --dports ${ports} -m conntrack --ctstate NEW -m conntrack ! --ctstate DNAT -j ${rejectTarget(protocol, family)}`;
+}
+
+/** KUBE-NODEPORT-NON-LOCAL: node-port traffic redirected to these proxy ports may enter. */
+export function acceptRule(protocol: Protocol, ports: string): string {
+  const p = protocol.toLowerCase();
+  return `-p ${p} -m multiport --dports ${ports} -m conntrack --ctstate NEW -m conntrack --ctstate DNAT -j ACCEPT`;
+}
+
+/**
+ * The first rule of KUBE-PORTALS-HOST and KUBE-NODEPORT-HOST: the node's own traffic takes the
+ * arriving traffic's rules (`into`) where they serve it (all of it with --bind-address, TCP
+ * otherwise), then its own tree for the rest.
+ */
+export function hostRootJump(ctx: UnitRulesContext, into: string): string {
+  return `${hostSharesContainer(ctx, 'UDP') ? '' : '-p tcp '}-j ${into}`;
+}
+
+/** What every unit's rules of one render share. */
+export function renderContext(input: IptablesRenderInput): UnitRulesContext {
+  return {
+    family: input.family,
+    bindAddress: input.bindAddress,
+    wildcard: isWildcard(input.bindAddress),
+    bindFamily: hostFamily(input.bindAddress),
+    hostIP: input.hostIP,
+    nodePortDests: nodePortDestinations(input.family, input.nodePortCIDRs),
+  };
 }
 
 function addPort(into: Map<Protocol, Set<number>>, protocol: Protocol, port: number): void {
@@ -144,10 +183,11 @@ function addPort(into: Map<Protocol, Set<number>>, protocol: Protocol, port: num
 }
 
 /**
- * `cache` (kept by the caller from one sync to the next) reuses the rules of units that did not
- * change; the result is the same with or without it.
+ * Every chain, rendered from scratch. The portal renders with IncrementalRender instead
+ * (incremental-render.ts), which keeps the trees from one sync to the next and must give exactly
+ * this; this is the reference it is tested against, and what the goldens show.
  */
-export function renderIptablesRules(input: IptablesRenderInput, cache?: UnitRulesCache): RenderedRules {
+export function renderIptablesRules(input: IptablesRenderInput): RenderedRules {
   const errors: string[] = [];
   const portalsContainer: AddressEntry[] = [];
   const portalsHost: AddressEntry[] = [];
@@ -156,20 +196,11 @@ export function renderIptablesRules(input: IptablesRenderInput, cache?: UnitRule
   const guarded = new Map<Protocol, Set<number>>();
   const nodePortTargets = new Map<Protocol, Set<number>>();
   const hints = input.hints ?? familyHints(input.targets.map((t) => t.unit));
-  const ctx: UnitRulesContext = {
-    family: input.family,
-    bindAddress: input.bindAddress,
-    wildcard: isWildcard(input.bindAddress),
-    bindFamily: hostFamily(input.bindAddress),
-    hostIP: input.hostIP,
-    nodePortDests: nodePortDestinations(input.family, input.nodePortCIDRs),
-  };
-  cache?.begin(ctx);
-  const targets = [...input.targets].sort((a, b) => (a.unit.id < b.unit.id ? -1 : a.unit.id > b.unit.id ? 1 : 0));
+  const ctx = renderContext(input);
+  const targets = [...input.targets].sort((a, b) => compareIds(a.unit.id, b.unit.id));
   for (const { unit, proxyPort } of targets) {
     if (proxyPort === undefined) continue;
-    const families = unitFamilies(unit, hints);
-    const r = cache ? cache.rulesOf(ctx, unit, proxyPort, families) : unitRules(ctx, unit, proxyPort, families);
+    const r = unitRules(ctx, unit, proxyPort, unitFamilies(unit, hints));
     for (const port of r.guarded) addPort(guarded, unit.protocol, port);
     if (r.error !== undefined) errors.push(r.error);
     if (r.nodePortTarget) addPort(nodePortTargets, unit.protocol, proxyPort);
@@ -178,21 +209,9 @@ export function renderIptablesRules(input: IptablesRenderInput, cache?: UnitRule
     for (const e of r.nodePortsContainer) nodePortsContainer.push(e);
     for (const e of r.nodePortsHost) nodePortsHost.push(e);
   }
-  cache?.end();
-  const guardSpec = (protocol: Protocol, ports: string): string => {
-    const p = protocol.toLowerCase();
-    return `-p ${p} -m multiport --dports ${ports} -m conntrack --ctstate NEW -m conntrack ! --ctstate DNAT -j ${rejectTarget(protocol, input.family)}`;
-  };
-  const acceptSpec = (protocol: Protocol, ports: string): string => {
-    const p = protocol.toLowerCase();
-    return `-p ${p} -m multiport --dports ${ports} -m conntrack --ctstate NEW -m conntrack --ctstate DNAT -j ACCEPT`;
-  };
   const tree = (root: string): string => TREE_PREFIX[root] as string;
-  // The node's own traffic first takes the arriving traffic's rules where they serve it (all of
-  // it with --bind-address, TCP otherwise), then its own tree for the rest.
-  const shared = hostSharesContainer(ctx, 'UDP') ? '' : '-p tcp ';
   const hostTree = (root: string, into: string, chains: ChainRules): ChainRules => {
-    chains.get(root)?.unshift(`${shared}-j ${into}`);
+    chains.get(root)?.unshift(hostRootJump(ctx, into));
     return chains;
   };
   return {
@@ -204,12 +223,17 @@ export function renderIptablesRules(input: IptablesRenderInput, cache?: UnitRule
         ...hostTree(NODEPORT_HOST, NODEPORT_CONTAINER, portTree(NODEPORT_HOST, tree(NODEPORT_HOST), nodePortsHost, 2)),
       ]),
       filter: new Map([
-        ...portTree(PROXY_PORTS_GUARD, tree(PROXY_PORTS_GUARD), multiportEntries(guarded, guardSpec), 1),
-        ...portTree(NODEPORT_NON_LOCAL, tree(NODEPORT_NON_LOCAL), multiportEntries(nodePortTargets, acceptSpec), 1),
+        ...portTree(PROXY_PORTS_GUARD, tree(PROXY_PORTS_GUARD), multiportEntries(guarded, (protocol, ports) => guardRule(input.family, protocol, ports)), 1),
+        ...portTree(NODEPORT_NON_LOCAL, tree(NODEPORT_NON_LOCAL), multiportEntries(nodePortTargets, acceptRule), 1),
       ]),
     },
     errors,
   };
+}
+
+/** The order units are rendered in (and their rules listed in a leaf): by id, as code units compare. */
+export function compareIds(a: string, b: string): number {
+  return a < b ? -1 : a > b ? 1 : 0;
 }
 
 /** `[undefined]` for "every local address", else one `-d` per CIDR of the family (none: no node ports in it). */

@@ -15,7 +15,9 @@ import type { JumpPlan } from './iptables-save.js';
  *
  * The trees of dispatch-tree.ts keep these transactions small: adding a Service changes its
  * leaf chain in each tree it appears in, and a parent's list of jumps only when a leaf appears or
- * goes.
+ * goes. And the plan costs what changed when `current` is the previous render of an
+ * IncrementalRender (incremental-render.ts): a chain it did not render again is the same array,
+ * passed over without comparing its rules. Against a dump, every rule is compared.
  */
 export function planSync(desired: TableChains, current: TableChains, jumps: JumpPlan): string {
   // Pieces, joined once: at 10,000 Services a full write is megabytes, and a string per line
@@ -41,6 +43,8 @@ export function planSync(desired: TableChains, current: TableChains, jumps: Jump
 }
 
 function sameRules(a: readonly string[], b: readonly string[] | undefined): boolean {
+  // The incremental render hands back the very array of a chain that did not change.
+  if (a === b) return true;
   if (b === undefined || a.length !== b.length) return false;
   for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) return false;
   return true;

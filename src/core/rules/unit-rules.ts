@@ -1,11 +1,11 @@
 import { hostPort, ipFamily, ipToBigInt, type IPFamily } from '../address.js';
 import type { PortalAddress, Protocol } from '../model.js';
-import { portalKey, type ProxyUnit } from '../units.js';
+import type { ProxyUnit } from '../units.js';
 import type { AddressEntry, PortEntry } from './dispatch-tree.js';
 
 /**
  * The rules one unit adds to the chains of one family (see render-iptables.ts for what they do
- * and why), and a cache of them across syncs. Pure.
+ * and why). Pure.
  */
 
 /** What is the same for every unit of one render. */
@@ -98,58 +98,4 @@ function portalRules(ctx: UnitRulesContext, unit: ProxyUnit, portal: PortalAddre
   const byte = lastByte(portal.ip, family);
   out.portalsContainer.push({ lastByte: byte, spec: `${match} -j ${containerTarget}` });
   if (hostTarget !== undefined) out.portalsHost.push({ lastByte: byte, spec: `${match} -j ${hostTarget}` });
-}
-
-interface CacheEntry {
-  unit: ProxyUnit;
-  proxyPort: number;
-  families: readonly IPFamily[];
-  rules: UnitRules;
-  generation: number;
-}
-
-/**
- * The rules of each unit as rendered at an earlier sync, reused while the unit, its proxy port and
- * its families stay the same. Besides the rendering, this saves the comparison that follows it:
- * a reused rule is the very same string, which compares equal at once, where an equal but new one
- * is compared character by character (at 10,000 Services, most of a sync's time). Units not seen
- * in a render are forgotten at its end; a change of context (family, addresses) empties it.
- */
-export class UnitRulesCache {
-  private context = '';
-  private generation = 0;
-  private readonly entries = new Map<string, CacheEntry>();
-
-  begin(ctx: UnitRulesContext): void {
-    const key = `${ctx.family}|${ctx.bindAddress}|${ctx.hostIP}|${ctx.nodePortDests.join(',')}`;
-    if (key !== this.context) this.entries.clear();
-    this.context = key;
-    this.generation++;
-  }
-
-  rulesOf(ctx: UnitRulesContext, unit: ProxyUnit, proxyPort: number, families: readonly IPFamily[]): UnitRules {
-    const entry = this.entries.get(unit.id);
-    if (entry && entry.proxyPort === proxyPort && sameFamilies(entry.families, families) && (entry.unit === unit || sameShape(entry.unit, unit))) {
-      entry.unit = unit;
-      entry.generation = this.generation;
-      return entry.rules;
-    }
-    const rules = unitRules(ctx, unit, proxyPort, families);
-    this.entries.set(unit.id, { unit, proxyPort, families, rules, generation: this.generation });
-    return rules;
-  }
-
-  /** Forgets the units the render that just ended did not ask for. */
-  end(): void {
-    for (const [id, e] of this.entries) if (e.generation !== this.generation) this.entries.delete(id);
-  }
-}
-
-function sameFamilies(a: readonly IPFamily[], b: readonly IPFamily[]): boolean {
-  return a === b || (a.length === b.length && a.every((f, i) => f === b[i]));
-}
-
-/** Whether two units of one id have the same rules, given the same proxy port and families. */
-function sameShape(a: ProxyUnit, b: ProxyUnit): boolean {
-  return a.protocol === b.protocol && a.portals.length === b.portals.length && a.portals.every((p, i) => portalKey(p) === portalKey(b.portals[i] as PortalAddress));
 }

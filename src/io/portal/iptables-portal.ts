@@ -5,9 +5,9 @@ import type { TableChains } from '../../core/rules/chains.js';
 import { chainsInDump, hasOurs, parseIptablesSave, planJumps, type JumpPlan, type SavedTables } from '../../core/rules/iptables-save.js';
 import { chooseHostIP } from '../../core/rules/node-address.js';
 import { previousProxyPorts } from '../../core/rules/previous-ports.js';
-import { familyInUse, isWildcard, nodePortHoldHosts, proxyPortHosts, renderIptablesRules } from '../../core/rules/render-iptables.js';
+import { IncrementalRender } from '../../core/rules/incremental-render.js';
+import { familyInUse, isWildcard, nodePortHoldHosts, proxyPortHosts } from '../../core/rules/render-iptables.js';
 import { planSync } from '../../core/rules/sync-plan.js';
-import { UnitRulesCache } from '../../core/rules/unit-rules.js';
 import { portalKey, type ProxyUnit } from '../../core/units.js';
 import { UsageError } from '../../core/errors.js';
 import type { Logger } from '../../seams/logger.js';
@@ -38,9 +38,11 @@ const NO_JUMPS: JumpPlan = { nat: [], filter: [] };
  * src/core/rules/render-iptables.ts for the rules and why, dispatch-tree.ts for how they are laid
  * out). Each sync writes, per family in use, one iptables-restore transaction holding only the
  * chains whose rules changed since the last one (sync-plan.ts): the portal remembers what it
- * wrote. What the node really holds is read from an iptables-save dump at start-up, on every
- * periodic sync and after a failure; then every chain that differs is written again, and jumps
- * into our chains that someone removed, doubled or changed are put right.
+ * wrote, and renders again only the chains of the units that changed (incremental-render.ts), so
+ * a sync costs what changed, not what is installed. What the node really holds is read from an
+ * iptables-save dump at start-up, on every periodic sync and after a failure; then every chain
+ * that differs is written again (every rule compared: the full plan), and jumps into our chains
+ * that someone removed, doubled or changed are put right.
  */
 export class IptablesPortal implements Portal {
   readonly mode = 'iptables' as const;
@@ -57,12 +59,19 @@ export class IptablesPortal implements Portal {
   private readonly onNode = new Map<IPFamily, TableChains>();
   /** Jump fixes planned from the start-up dump, for the first sync. */
   private readonly jumpsDue = new Map<IPFamily, JumpPlan>();
-  /** Per family, the rules of each unit as last rendered, reused while the unit is unchanged. */
-  private readonly rendered = new Map<IPFamily, UnitRulesCache>([[4, new UnitRulesCache()], [6, new UnitRulesCache()]]);
+  /**
+   * Per family, the rules as last rendered, kept so that a sync renders (and planSync compares)
+   * only what changed; onNode is a previous render of it while the node is known to hold that.
+   */
+  private readonly renders = new Map<IPFamily, IncrementalRender>([[4, new IncrementalRender()], [6, new IncrementalRender()]]);
   /** Families of each service port seen so far, for node-port-only units (see unitFamilies). */
   private readonly families = new FamilyBook();
-  /** Unit id -> the proxy port its rules pointed at last (read from the rules a previous run left). */
-  private lastPorts = new Map<string, number>();
+  /**
+   * Unit id -> the proxy port its rules pointed at last (read from the rules a previous run left),
+   * and the sync that last saw the unit (0: none yet).
+   */
+  private readonly lastPorts = new Map<string, { port: number; seen: number }>();
+  private syncs = 0;
   private readonly conntrack: Conntrack;
   /** `family|UDP unit id` -> the proxy port and portals its conntrack entries were last checked for. */
   private readonly checked = new Map<string, string>();
@@ -113,7 +122,7 @@ export class IptablesPortal implements Portal {
     if (hasOurs(saved)) this.installed.add(family);
     this.onNode.set(family, chainsInDump(saved));
     this.jumpsDue.set(family, planJumps(saved));
-    previousProxyPorts(saved, this.lastPorts);
+    for (const [id, port] of previousProxyPorts(saved)) if (!this.lastPorts.has(id)) this.lastPorts.set(id, { port, seen: 0 });
   }
 
   listenSpecs(unit: ProxyUnit): ListenSpec[] {
@@ -131,7 +140,7 @@ export class IptablesPortal implements Portal {
   }
 
   preferredProxyPort(unit: ProxyUnit): number | undefined {
-    return this.lastPorts.get(unit.id);
+    return this.lastPorts.get(unit.id)?.port;
   }
 
   async sync(units: readonly RunningUnitView[], periodic: boolean): Promise<PortalSyncResult> {
@@ -160,14 +169,14 @@ export class IptablesPortal implements Portal {
   }
 
   private async syncFamily(family: IPFamily, units: readonly RunningUnitView[], periodic: boolean): Promise<{ errors: string[]; programmed: boolean }> {
-    const rendered = renderIptablesRules({
+    const rendered = (this.renders.get(family) as IncrementalRender).render({
       family,
       targets: units,
       bindAddress: this.opts.bindAddress,
       hostIP: isWildcard(this.opts.bindAddress) ? this.hostIP(family) : this.opts.bindAddress,
       nodePortCIDRs: this.opts.nodePortAddresses,
       hints: this.families.known,
-    }, this.rendered.get(family));
+    });
     try {
       let current = this.onNode.get(family);
       let jumps = this.jumpsDue.get(family) ?? NO_JUMPS;
@@ -197,16 +206,27 @@ export class IptablesPortal implements Portal {
 
   /**
    * Keeps each running unit's proxy port for preferredProxyPort (a unit whose listener failed
-   * keeps the port it had); units that no longer run are forgotten.
+   * keeps the port it had); units that no longer run are forgotten. Updated in place: a new map
+   * of every unit at every sync was the largest part of a sync that changed nothing.
    */
   private rememberPorts(units: readonly RunningUnitView[]): void {
-    const next = new Map<string, number>();
+    const sync = ++this.syncs;
+    let remembered = 0;
     for (const { unit, proxyPort } of units) {
-      const port = proxyPort ?? this.lastPorts.get(unit.id);
-      if (port !== undefined) next.set(unit.id, port);
+      const last = this.lastPorts.get(unit.id);
+      if (last !== undefined) {
+        if (last.seen !== sync) remembered++;
+        last.seen = sync;
+        if (proxyPort !== undefined) last.port = proxyPort;
+      } else if (proxyPort !== undefined) {
+        this.lastPorts.set(unit.id, { port: proxyPort, seen: sync });
+        remembered++;
+      }
       if (proxyPort !== undefined && unit.protocol === 'TCP') this.servedTcpPorts.add(proxyPort);
     }
-    this.lastPorts = next;
+    // Every remembered unit runs: nothing to forget.
+    if (remembered === this.lastPorts.size) return;
+    for (const [id, last] of this.lastPorts) if (last.seen !== sync) this.lastPorts.delete(id);
   }
 
   /**
