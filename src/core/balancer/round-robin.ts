@@ -46,7 +46,7 @@ class Handle {
   }
 
   static slotOf(endpoint: Endpoint): Slot | undefined {
-    return #slot in endpoint ? (endpoint as unknown as Handle).#slot : undefined;
+    return #slot in endpoint ? endpoint.#slot : undefined;
   }
 }
 
@@ -55,7 +55,7 @@ function handleSlot(endpoint: Endpoint): Slot | undefined {
 }
 
 function handleOf(endpoint: Endpoint, slot: Slot): Endpoint {
-  return new Handle(endpoint, slot) as unknown as Endpoint;
+  return new Handle(endpoint, slot);
 }
 
 /** One client's sticky choice (upstream affinityState). */
