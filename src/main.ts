@@ -1,24 +1,33 @@
 #!/usr/bin/env node
 import { enableProxyCompileCache } from './compile-cache.js';
-import { heapTuningEnv } from './core/heap-tuning.js';
+import { heapTuningEnv, heapTuningFlags } from './core/heap-tuning.js';
 
 /**
  * The `kube-userspace-proxy` binary. Before anything else is loaded it re-executes itself, once,
- * with glibc's heap settings for bulk traffic when they are not in the environment yet (see
- * core/heap-tuning.ts): same PID, same arguments, the settings added. Then the command runs.
+ * with glibc's heap settings for bulk traffic and V8's young-generation size when they are not
+ * in the environment and on the command line yet (see core/heap-tuning.ts): same PID, same
+ * arguments, the settings added. Then the command runs.
  */
-const tuned = heapTuningEnv(process.platform, process.env);
+const tunedEnv = heapTuningEnv(process.platform, process.env);
+const tunedFlags = heapTuningFlags(process.execArgv, process.env.NODE_OPTIONS);
 // Not under a debugger (--inspect-brk would stop twice, and the re-executed process loses it).
 const debugging = process.execArgv.some((a) => a.startsWith('--inspect'));
-if (tuned !== undefined && !debugging && typeof process.execve === 'function') {
+if ((tunedEnv !== undefined || tunedFlags.length > 0) && !debugging && typeof process.execve === 'function') {
   try {
-    process.execve(process.execPath, [process.execPath, ...process.execArgv, ...process.argv.slice(1)], tuned);
+    process.execve(process.execPath, [process.execPath, ...process.execArgv, ...tunedFlags, ...process.argv.slice(1)], tunedEnv ?? definedOnly(process.env));
   } catch (err) {
     // Only argument checks throw: on Node 24 a failed execve(2) itself aborts the process (it
     // throws from Node 26 on), which for the running node's own binary does not happen.
     process.stderr.write(`kube-userspace-proxy: could not re-execute with the heap settings for bulk traffic (${String(err)}); running without them\n`);
   }
 }
+
+function definedOnly(env: NodeJS.ProcessEnv): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const [k, v] of Object.entries(env)) if (v !== undefined) out[k] = v;
+  return out;
+}
+
 enableProxyCompileCache();
 const { runCommand } = await import('./command.js');
 await runCommand(process.argv.slice(2));

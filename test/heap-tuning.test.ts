@@ -1,8 +1,9 @@
+import { readFileSync } from 'node:fs';
 import { chmod, mkdir, readFile, readdir, mkdtemp, rm, stat, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { HEAP_TUNING, heapTuningEnv } from '../src/core/heap-tuning.js';
+import { HEAP_TUNING, V8_HEAP_FLAGS, heapTuningEnv, heapTuningFlags } from '../src/core/heap-tuning.js';
 import { endpointSlice, list, service } from './helpers/objects.js';
 import { freePort, tcpEchoServer, tcpRequest, waitFor } from './helpers/net.js';
 import { runCli, type Spawned } from './helpers/cli.js';
@@ -24,6 +25,37 @@ describe('heapTuningEnv', () => {
     expect(heapTuningEnv('darwin', {})).toBeUndefined();
   });
 });
+
+describe('heapTuningFlags', () => {
+  it("adds V8's young-generation size to a process started without it", () => {
+    expect(heapTuningFlags([], undefined)).toEqual([...V8_HEAP_FLAGS]);
+    expect(heapTuningFlags(['--enable-source-maps'], '--no-warnings')).toEqual([...V8_HEAP_FLAGS]);
+  });
+  it('leaves a process that has them (the second pass) alone', () => {
+    expect(heapTuningFlags([...V8_HEAP_FLAGS], undefined)).toEqual([]);
+  });
+  it("respects the user's own sizing, on the command line or in NODE_OPTIONS, in either spelling", () => {
+    expect(heapTuningFlags(['--max-semi-space-size=64'], undefined)).toEqual([]);
+    expect(heapTuningFlags([], '--no-warnings --max_semi_space_size=32')).toEqual([]);
+    expect(heapTuningFlags(['--min-semi-space-size=8'], undefined)).toEqual([]);
+    expect(heapTuningFlags([], '--max-heap-size=512')).toEqual([]);
+    expect(heapTuningFlags(['--max-old-space-size=512'], undefined)).toEqual([...V8_HEAP_FLAGS]);
+  });
+});
+
+describe('the image', () => {
+  it('starts node with the same young-generation size, so that the binary need not re-execute itself for it', () => {
+    const dockerfile = readFileSync(new URL('../Dockerfile', import.meta.url), 'utf8');
+    const nodeOptions = /^ENV NODE_OPTIONS=(.*)$/m.exec(dockerfile)?.[1];
+    expect(nodeOptions?.split(/\s+/)).toEqual([...V8_HEAP_FLAGS]);
+    expect(heapTuningFlags([], nodeOptions)).toEqual([]);
+  });
+});
+
+/** The command line of a running process. */
+async function cmdlineOf(pid: number): Promise<string[]> {
+  return (await readFile(`/proc/${pid}/cmdline`, 'utf8')).split('\0').filter(Boolean);
+}
 
 /** The environment the kernel holds for a running process (what glibc read at its start). */
 async function environOf(pid: number): Promise<Record<string, string>> {
@@ -64,6 +96,7 @@ describe.runIf(process.platform === 'linux')('the binary started directly', () =
     const { r } = await serve(env);
     const environ = await environOf(r.child.pid as number);
     expect(environ).toMatchObject(HEAP_TUNING);
+    expect(await cmdlineOf(r.child.pid as number)).toEqual(expect.arrayContaining([...V8_HEAP_FLAGS]));
     expect(r.stderr()).not.toMatch(/could not re-execute|ExperimentalWarning/);
     r.child.kill('SIGTERM');
     expect(await r.exited).toBe(0);
@@ -107,6 +140,20 @@ describe.runIf(process.platform === 'linux')('the binary started directly', () =
     expect(await b.r.exited).toBe(0);
     expect(await cached(planted)).toBe(0);
     expect(await readdir(open)).toEqual([`kube-userspace-proxy-compile-cache-${uid}`]);
+  });
+
+  it("keeps the user's own young-generation size (NODE_OPTIONS), and re-executes for the young generation alone when the environment has the rest", async () => {
+    const own = await serve({ ...process.env, NODE_OPTIONS: '--max-semi-space-size=32' });
+    const ownCmdline = await cmdlineOf(own.r.child.pid as number);
+    expect(ownCmdline.some((a) => /semi-space/.test(a))).toBe(false);
+    own.r.child.kill('SIGTERM');
+    expect(await own.r.exited).toBe(0);
+    const env: NodeJS.ProcessEnv = { ...process.env, ...HEAP_TUNING };
+    delete env.NODE_OPTIONS;
+    const tuned = await serve(env);
+    expect(await cmdlineOf(tuned.r.child.pid as number)).toEqual(expect.arrayContaining([...V8_HEAP_FLAGS]));
+    tuned.r.child.kill('SIGTERM');
+    expect(await tuned.r.exited).toBe(0);
   });
 
   it('keeps a value the user set', async () => {

@@ -29,3 +29,25 @@ export function heapTuningEnv(platform: string, env: Readonly<Record<string, str
   for (const [k, v] of Object.entries(env)) if (v !== undefined) out[k] = v;
   return { ...out, ...HEAP_TUNING };
 }
+
+/**
+ * V8's young generation, a question of footprint too. V8 sizes a semi-space from the heap limit,
+ * and new space holds two: with Node's default limit on a machine of 24 GiB (4 GiB of heap), a
+ * semi-space grows to 64 MiB, 128 MiB of new space, most of it resident once start-up has filled
+ * it. Start-up keeps nearly everything it allocates (the state, the balancers, a socket per
+ * service port), so a scavenge copies what is live whatever the size of new space: a larger one
+ * costs memory, not less copying. Per connection the proxy allocates little and briefly, which a
+ * 16 MiB semi-space holds as well (bench/README.md has the figures, at start-up and under load).
+ */
+export const V8_HEAP_FLAGS: readonly string[] = ['--max-semi-space-size=16'];
+
+/**
+ * The node flags to re-execute with: none when the process has them, or when the user sized the
+ * heap themself, on the command line or in NODE_OPTIONS (either spelling, dashes or underscores);
+ * V8 refuses --max-heap-size beside both other sizes, so that counts as a choice too.
+ */
+export function heapTuningFlags(execArgv: readonly string[], nodeOptions: string | undefined): string[] {
+  const given = [...execArgv, ...(nodeOptions ?? '').split(/\s+/)].map((a) => a.replace(/_/g, '-'));
+  if (given.some((a) => /^--(max-semi-space-size|min-semi-space-size|max-heap-size)\b/.test(a))) return [];
+  return [...V8_HEAP_FLAGS];
+}

@@ -11,15 +11,31 @@
  */
 
 export function isReservedLoopback(addr: string): boolean {
-  const parts = addr.split('.').map(Number);
-  const [, b, c, d] = parts as [number, number, number, number];
+  const dots = threeDots(addr);
+  if (dots === undefined) {
+    const [, b, c, d] = addr.split('.').map(Number) as [number, number, number, number];
+    return b === 0 || d === 0 || d === 255 || (b === 255 && c === 255);
+  }
+  // Octets read between the dots, as split() would give them, without the arrays: every
+  // Service's address passes here.
+  const b = Number(addr.slice(dots[0] + 1, dots[1]));
+  const c = Number(addr.slice(dots[1] + 1, dots[2]));
+  const d = Number(addr.slice(dots[2] + 1));
   return b === 0 || d === 0 || d === 255 || (b === 255 && c === 255);
 }
 
+/** Where the dots of four dotted parts are; undefined unless there are exactly three. */
+function threeDots(text: string): [number, number, number] | undefined {
+  const first = text.indexOf('.');
+  const second = first < 0 ? -1 : text.indexOf('.', first + 1);
+  const third = second < 0 ? -1 : text.indexOf('.', second + 1);
+  if (third < 0 || text.indexOf('.', third + 1) >= 0) return undefined;
+  return [first, second, third];
+}
+
 function fromIPv4ClusterIP(ip: string): string | undefined {
-  const parts = ip.split('.');
-  if (parts.length !== 4) return undefined;
-  return `127.${parts[1]}.${parts[2]}.${parts[3]}`;
+  const dots = threeDots(ip);
+  return dots === undefined ? undefined : `127${ip.slice(dots[0])}`;
 }
 
 /** FNV-1a, 32 bits: stable and cheap; no crypto needed for spreading names. */

@@ -165,7 +165,10 @@ function ownSlices(slices: readonly V1EndpointSlice[], namespace: string, name: 
  * preferring a ready copy.
  */
 function endpointsFor(slices: readonly V1EndpointSlice[], portName: string, protocol: Protocol): EndpointInfo[] {
-  const byAddr = new Map<string, EndpointInfo>();
+  // Collected in slice order, then ordered by address (ties in slice order) and deduplicated
+  // side by side: no table keyed by address, which every port of every Service paid at start-up.
+  const infos: EndpointInfo[] = [];
+  const addrs: string[] = [];
   for (const slice of slices) {
     for (const sp of slice.ports ?? []) {
       if ((sp.name ?? '') !== portName || (sp.protocol ?? 'TCP') !== protocol || sp.port === undefined || sp.port === null) {
@@ -174,13 +177,25 @@ function endpointsFor(slices: readonly V1EndpointSlice[], portName: string, prot
       for (const ep of slice.endpoints ?? []) {
         const info = endpointInfo(ep, sp.port, slice.metadata?.namespace || 'default');
         if (info === undefined) continue;
-        const addr = hostPort({ host: info.ip, port: info.port });
-        const existing = byAddr.get(addr);
-        if (existing === undefined || (!existing.ready && info.ready)) byAddr.set(addr, info);
+        infos.push(info);
+        addrs.push(hostPort({ host: info.ip, port: info.port }));
       }
     }
   }
-  return [...byAddr.entries()].sort(([a], [b]) => compare(a, b)).map(([, info]) => info);
+  const order = infos.map((_, i) => i).sort((i, j) => compare(addrs[i] as string, addrs[j] as string) || i - j);
+  const out: EndpointInfo[] = [];
+  let last: string | undefined;
+  for (const i of order) {
+    const info = infos[i] as EndpointInfo;
+    if (addrs[i] !== last) {
+      out.push(info);
+      last = addrs[i];
+    } else if (!(out[out.length - 1] as EndpointInfo).ready && info.ready) {
+      // The first copy stays unless a later one is ready and it is not.
+      out[out.length - 1] = info;
+    }
+  }
+  return out;
 }
 
 type SliceEndpoint = NonNullable<V1EndpointSlice['endpoints']>[number];

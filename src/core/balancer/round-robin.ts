@@ -1,4 +1,4 @@
-import type { AffinityPolicy, AffinityType, BalancerAlgorithm, Endpoint } from '../model.js';
+import type { AffinityPolicy, AffinityType, BalancerAlgorithm, Endpoint, PodRef } from '../model.js';
 import { DEFAULT_AFFINITY_TIMEOUT_SECONDS } from '../model.js';
 import type { Clock, RandomSource } from '../clock.js';
 import type { BalancerDeps, BalancerFactory, EndpointLoad, LoadBalancer, SharedBalancing, StickyUpdate } from './load-balancer.js';
@@ -25,16 +25,28 @@ interface Slot extends OutlierState {
  * handle, a tenth of a second at 10,000 service ports of 10 endpoints.)
  */
 class Handle {
+  declare readonly ip: string;
+  declare readonly port: number;
+  declare readonly addr: string;
+  declare readonly nodeName?: string;
+  declare readonly targetPod?: PodRef;
   readonly #slot: Slot;
 
   constructor(endpoint: Endpoint, slot: Slot) {
-    // Every field the dialer may need (the pod behind it, for port-forward) goes along.
-    Object.assign(this, endpoint);
+    // Every field of an Endpoint goes along (the pod behind it, for port-forward), in its order.
+    // Assigned one by one: Object.assign onto a fresh object takes V8's generic path, some
+    // 0.3 µs a handle, a share of start-up at 10,000 service ports of 10 endpoints.
+    const self = this as { -readonly [K in keyof Endpoint]: Endpoint[K] };
+    self.ip = endpoint.ip;
+    self.port = endpoint.port;
+    self.addr = endpoint.addr;
+    if (endpoint.nodeName !== undefined) self.nodeName = endpoint.nodeName;
+    if (endpoint.targetPod !== undefined) self.targetPod = endpoint.targetPod;
     this.#slot = slot;
   }
 
   static slotOf(endpoint: Endpoint): Slot | undefined {
-    return #slot in endpoint ? (endpoint as unknown as Handle).#slot : undefined;
+    return #slot in endpoint ? endpoint.#slot : undefined;
   }
 }
 
@@ -43,7 +55,7 @@ function handleSlot(endpoint: Endpoint): Slot | undefined {
 }
 
 function handleOf(endpoint: Endpoint, slot: Slot): Endpoint {
-  return new Handle(endpoint, slot) as unknown as Endpoint;
+  return new Handle(endpoint, slot);
 }
 
 /** One client's sticky choice (upstream affinityState). */

@@ -1,4 +1,5 @@
-import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import type { IncomingMessage, Server, ServerResponse } from 'node:http';
+import { http } from './node-http.js';
 import type { AddressInfo } from 'node:net';
 import type { Logger } from '../../seams/logger.js';
 
@@ -24,7 +25,7 @@ export class HttpServer {
   private readonly routes = new Map<string, Route>();
 
   constructor(private readonly logger: Logger) {
-    this.server = createServer((req, res) => void this.handle(req, res));
+    this.server = http.createServer((req, res) => void this.handle(req, res));
     this.server.keepAliveTimeout = 5000;
   }
 

@@ -1,4 +1,5 @@
-import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import type { IncomingMessage, Server, ServerResponse } from 'node:http';
+import { http } from './node-http.js';
 import type { AddressInfo } from 'node:net';
 import { nodePortAddresses } from '../../core/rules/node-address.js';
 import { hostPort } from '../../core/address.js';
@@ -140,7 +141,7 @@ export class ServiceHealthServer {
   }
 
   private listen(inst: Instance, host: string): Promise<Server> {
-    const server = createServer((req, res) => this.answer(inst, req, res));
+    const server = http.createServer((req, res) => this.answer(inst, req, res));
     server.keepAliveTimeout = 5000;
     return new Promise((resolve, reject) => {
       server.once('error', reject);

@@ -1,4 +1,5 @@
-import { request as httpRequest, type ClientRequest, type IncomingMessage } from 'node:http';
+import type { ClientRequest, IncomingMessage } from 'node:http';
+import { http } from '../http/node-http.js';
 import { request as httpsRequest, type RequestOptions } from 'node:https';
 import { StringDecoder } from 'node:string_decoder';
 import type { KubeConfig } from '@kubernetes/client-node';
@@ -256,7 +257,7 @@ export class HttpKubeApi implements KubeApi {
     for (const [k, v] of Object.entries(query)) if (v !== undefined) url.searchParams.set(k, v);
     const headers: Record<string, string> = { ...(opts.headers as Record<string, string> | undefined), Accept: 'application/json', 'User-Agent': this.userAgent };
     if (body !== undefined) headers['Content-Type'] = 'application/json';
-    const send = url.protocol === 'https:' ? httpsRequest : httpRequest;
+    const send = url.protocol === 'https:' ? httpsRequest : http.request;
     const reqOpts: RequestOptions = { method, agent: opts.agent, headers, signal };
     if (opts.auth) reqOpts.auth = opts.auth;
     const req = send(url, reqOpts);

@@ -1,4 +1,5 @@
-import { request as httpRequest, type IncomingMessage } from 'node:http';
+import type { IncomingMessage } from 'node:http';
+import { http } from '../http/node-http.js';
 import { request as httpsRequest, type RequestOptions } from 'node:https';
 import type { Socket } from 'node:net';
 import type { Duplex } from 'node:stream';
@@ -153,7 +154,7 @@ export class HttpTunnelOpener implements TunnelOpener {
     upgradeHeaders: Record<string, string>,
     accept: (res: IncomingMessage, socket: Socket, head: Buffer) => OpenedTunnel | PortForwardError,
   ): Promise<OpenedTunnel> {
-    const send = url.protocol === 'https:' ? httpsRequest : httpRequest;
+    const send = url.protocol === 'https:' ? httpsRequest : http.request;
     const req = send(url, { ...base, method, headers: { ...(base.headers as Record<string, string>), ...upgradeHeaders } });
     return new Promise<OpenedTunnel>((resolve, reject) => {
       let settled = false;
