@@ -114,7 +114,11 @@ describe('TCP keepalive on both legs', () => {
     const young = await dialer.dial(request);
     const gone = await dialer.dial(request);
     cleanups.push(() => young.destroy());
-    gone.destroy(); // closed before its tick: skipped, not an error
+    // Closed before its tick: it leaves the batch and is never touched.
+    const goneKeepAlive = vi.spyOn(gone, 'setKeepAlive');
+    const closed = new Promise((resolve) => gone.once('close', resolve));
+    gone.destroy();
+    await closed;
     const dialed = (): TcpRow | undefined => tcpRows().find((r) => r.state === '01' && r.localPort === young.localPort && r.remotePort === echo.port);
     expect(dialed()?.timer).toBe(0);
     vi.advanceTimersByTime(1000); // the first tick: it connected during this one
@@ -124,6 +128,33 @@ describe('TCP keepalive on both legs', () => {
     expect(leg?.timer).toBe(2);
     expect(leg?.ticks).toBeGreaterThan(0);
     expect(leg?.ticks).toBeLessThanOrEqual(700);
+    expect(goneKeepAlive).not.toHaveBeenCalled();
+    // Nothing waits any more: the batch's timer is gone.
+    expect(vi.getTimerCount()).toBe(0);
+  });
+
+  it('lets go of a socket as soon as it closes: the batch stops at the next tick', async () => {
+    vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
+    cleanups.push(() => vi.useRealTimers());
+    const echo = await backend();
+    const request = { endpoint: toEndpoint({ ip: LO, port: echo.port }), clientAddress: LO, clientPort: 1, localAddress: LO, localPort: 2, timeoutMs: 1000 };
+    const socket = await new DirectDialer({ keepAliveMs: 7000 }).dial(request);
+    expect(vi.getTimerCount()).toBe(1);
+    const closed = new Promise((resolve) => socket.once('close', resolve));
+    socket.destroy();
+    await closed;
+    vi.advanceTimersByTime(1000);
+    expect(vi.getTimerCount()).toBe(0);
+  });
+
+  it('starts no batch timer with keepalive off', async () => {
+    vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
+    cleanups.push(() => vi.useRealTimers());
+    const echo = await backend();
+    const request = { endpoint: toEndpoint({ ip: LO, port: echo.port }), clientAddress: LO, clientPort: 1, localAddress: LO, localPort: 2, timeoutMs: 1000 };
+    const socket = await new DirectDialer({ keepAliveMs: 0 }).dial(request);
+    cleanups.push(() => socket.destroy());
+    expect(vi.getTimerCount()).toBe(0);
   });
 
   it('is off on both legs with 0', async () => {
