@@ -486,6 +486,9 @@ describe('incremental render (IncrementalRender)', () => {
       { targets: a, over: { hostIP: '192.168.1.11' } },
       { targets: a, over: { hostIP: '192.168.1.11', nodePortCIDRs: ['192.168.1.0/24', '10.0.0.0/8'] } },
       { targets: a },
+      // Node ports on every address, then on none of this family's: not the same context.
+      { targets: a, over: { nodePortCIDRs: ['2001:db8::/64'] } },
+      { targets: a },
     ]);
     const v6 = targets([sp({ key: 'default/b6:http', clusterIPs: ['fd00::b'] }), sp({ key: 'default/a6:http', clusterIPs: ['fd00::a'] })]);
     const renders = replay(6, [

@@ -15,7 +15,11 @@ export interface ListenSpec {
   portals: PortalAddress[];
 }
 
-/** A unit as running: what the portal needs to program forwarding to it. */
+/**
+ * A unit as running: what the portal needs to program forwarding to it. A unit object is never
+ * changed once planned (a change is a new object): the portals keep what they derived from one
+ * (its families, its rules) for as long as the same object comes back.
+ */
 export interface RunningUnitView {
   unit: ProxyUnit;
   /** The proxy port bound for this unit, when the portal asked for one. */

@@ -42,7 +42,7 @@ export function planSync(desired: TableChains, current: TableChains, jumps: Jump
   return out.join('');
 }
 
-function sameRules(a: readonly string[], b: readonly string[] | undefined): boolean {
+export function sameRules(a: readonly string[], b: readonly string[] | undefined): boolean {
   // The incremental render hands back the very array of a chain that did not change.
   if (a === b) return true;
   if (b === undefined || a.length !== b.length) return false;

@@ -148,7 +148,11 @@ export class IptablesPortal implements Portal {
     const errors: string[] = [];
     const programmed: IPFamily[] = [];
     for (const family of [4, 6] as const) {
-      if (!this.installed.has(family) && !familyInUse(family, units, this.opts.bindAddress, this.families.known)) continue;
+      if (!this.installed.has(family) && !familyInUse(family, units, this.opts.bindAddress, this.families.known)) {
+        // Nothing of this family on the node: forget the units of its last render too.
+        this.renders.get(family)?.forget();
+        continue;
+      }
       const result = await this.syncFamily(family, units, periodic);
       errors.push(...result.errors);
       if (result.programmed) programmed.push(family);
