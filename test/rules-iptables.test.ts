@@ -2,6 +2,7 @@ import { existsSync, mkdirSync, readFileSync, readdirSync, writeFileSync } from 
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { seededRandom } from '../src/core/balancer/shared-order.js';
 import type { IPFamily } from '../src/core/address.js';
 import type { ServicePort } from '../src/core/model.js';
 import { emptyChains, type TableChains } from '../src/core/rules/chains.js';
@@ -535,18 +536,6 @@ describe('incremental render (IncrementalRender)', () => {
   });
 });
 
-/** A small deterministic random source for the random walks (mulberry32). */
-function seeded(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
 /**
  * `steps` sets of running units, each a few changes from the one before: Services added, removed,
  * changed (new portals), their units made anew with the same shape, proxy ports moved, lost or
@@ -554,7 +543,7 @@ function seeded(seed: number): () => number {
  * so leaves and their parents fill up and empty out, and node ports clash.
  */
 function randomWalk(seed: number, steps: number): PortalTarget[][] {
-  const rng = seeded(seed);
+  const rng = seededRandom(seed);
   const pick = (n: number): number => Math.floor(rng() * n);
   let nextPort = 40000;
   const shape = (k: number): ServicePort => {

@@ -4,6 +4,7 @@ import { connect, type Socket } from 'node:net';
 import { afterEach, describe, expect, it, vi } from 'vitest';
 import { toEndpoint } from '../src/core/model.js';
 import type { LoadBalancer } from '../src/core/balancer/load-balancer.js';
+import type { DialRequest } from '../src/seams/dialer.js';
 import { DirectDialer } from '../src/io/net/direct-dialer.js';
 import { backlogFromSomaxconn } from '../src/io/net/listen-backlog.js';
 import { TcpProxySocket, type TcpProxySocketOptions } from '../src/io/net/tcp-proxy.js';
@@ -87,6 +88,16 @@ async function legsOnceThey(port: number, socket: Socket, echoPort: number, ok: 
   return seen;
 }
 
+/** Only the dialer's batch timer is faked: the sockets and the test's waits run on real time. */
+function fakeBatchTimer(): void {
+  vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
+  cleanups.push(() => vi.useRealTimers());
+}
+
+function dialTo(port: number): DialRequest {
+  return { endpoint: toEndpoint({ ip: LO, port }), clientAddress: LO, clientPort: 1, localAddress: LO, localPort: 2, timeoutMs: 1000 };
+}
+
 describe('TCP keepalive on both legs', () => {
   it('runs the keepalive timer on the accepted and the dialed socket, with the delay asked for', async () => {
     const echo = await backend();
@@ -105,12 +116,10 @@ describe('TCP keepalive on both legs', () => {
   });
 
   it('gives the dialed leg keepalive after it lived a tick, not at connect: a short connection never pays for it', async () => {
-    // Only the dialer's batch timer is faked: the sockets and the test's waits run on real time.
-    vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
-    cleanups.push(() => vi.useRealTimers());
+    fakeBatchTimer();
     const echo = await backend();
     const dialer = new DirectDialer({ keepAliveMs: 7000 });
-    const request = { endpoint: toEndpoint({ ip: LO, port: echo.port }), clientAddress: LO, clientPort: 1, localAddress: LO, localPort: 2, timeoutMs: 1000 };
+    const request = dialTo(echo.port);
     const young = await dialer.dial(request);
     const gone = await dialer.dial(request);
     cleanups.push(() => young.destroy());
@@ -134,10 +143,9 @@ describe('TCP keepalive on both legs', () => {
   });
 
   it('lets go of a socket as soon as it closes: the batch stops at the next tick', async () => {
-    vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
-    cleanups.push(() => vi.useRealTimers());
+    fakeBatchTimer();
     const echo = await backend();
-    const request = { endpoint: toEndpoint({ ip: LO, port: echo.port }), clientAddress: LO, clientPort: 1, localAddress: LO, localPort: 2, timeoutMs: 1000 };
+    const request = dialTo(echo.port);
     const socket = await new DirectDialer({ keepAliveMs: 7000 }).dial(request);
     expect(vi.getTimerCount()).toBe(1);
     const closed = new Promise((resolve) => socket.once('close', resolve));
@@ -148,10 +156,9 @@ describe('TCP keepalive on both legs', () => {
   });
 
   it('starts no batch timer with keepalive off', async () => {
-    vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
-    cleanups.push(() => vi.useRealTimers());
+    fakeBatchTimer();
     const echo = await backend();
-    const request = { endpoint: toEndpoint({ ip: LO, port: echo.port }), clientAddress: LO, clientPort: 1, localAddress: LO, localPort: 2, timeoutMs: 1000 };
+    const request = dialTo(echo.port);
     const socket = await new DirectDialer({ keepAliveMs: 0 }).dial(request);
     cleanups.push(() => socket.destroy());
     expect(vi.getTimerCount()).toBe(0);
