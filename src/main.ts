@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 import { enableProxyCompileCache } from './compile-cache.js';
-import { heapTuningEnv, heapTuningFlags } from './core/heap-tuning.js';
+import { definedEnv, heapTuningEnv, heapTuningFlags, underDebugger } from './core/heap-tuning.js';
 
 /**
  * The `kube-userspace-proxy` binary. Before anything else is loaded it re-executes itself, once,
@@ -11,21 +11,15 @@ import { heapTuningEnv, heapTuningFlags } from './core/heap-tuning.js';
 const tunedEnv = heapTuningEnv(process.platform, process.env);
 const tunedFlags = heapTuningFlags(process.execArgv, process.env.NODE_OPTIONS);
 // Not under a debugger (--inspect-brk would stop twice, and the re-executed process loses it).
-const debugging = process.execArgv.some((a) => a.startsWith('--inspect'));
+const debugging = underDebugger(process.execArgv, process.env.NODE_OPTIONS);
 if ((tunedEnv !== undefined || tunedFlags.length > 0) && !debugging && typeof process.execve === 'function') {
   try {
-    process.execve(process.execPath, [process.execPath, ...process.execArgv, ...tunedFlags, ...process.argv.slice(1)], tunedEnv ?? definedOnly(process.env));
+    process.execve(process.execPath, [process.execPath, ...process.execArgv, ...tunedFlags, ...process.argv.slice(1)], tunedEnv ?? definedEnv(process.env));
   } catch (err) {
     // Only argument checks throw: on Node 24 a failed execve(2) itself aborts the process (it
     // throws from Node 26 on), which for the running node's own binary does not happen.
-    process.stderr.write(`kube-userspace-proxy: could not re-execute with the heap settings for bulk traffic (${String(err)}); running without them\n`);
+    process.stderr.write(`kube-userspace-proxy: could not re-execute with the heap settings (glibc's for bulk traffic, V8's young generation) (${String(err)}); running without them\n`);
   }
-}
-
-function definedOnly(env: NodeJS.ProcessEnv): Record<string, string> {
-  const out: Record<string, string> = {};
-  for (const [k, v] of Object.entries(env)) if (v !== undefined) out[k] = v;
-  return out;
 }
 
 enableProxyCompileCache();

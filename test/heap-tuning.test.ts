@@ -3,7 +3,7 @@ import { chmod, mkdir, readFile, readdir, mkdtemp, rm, stat, writeFile } from 'n
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { HEAP_TUNING, V8_HEAP_FLAGS, heapTuningEnv, heapTuningFlags } from '../src/core/heap-tuning.js';
+import { HEAP_TUNING, V8_HEAP_FLAGS, heapTuningEnv, heapTuningFlags, underDebugger } from '../src/core/heap-tuning.js';
 import { endpointSlice, list, service } from './helpers/objects.js';
 import { freePort, tcpEchoServer, tcpRequest, waitFor } from './helpers/net.js';
 import { runCli, type Spawned } from './helpers/cli.js';
@@ -40,6 +40,17 @@ describe('heapTuningFlags', () => {
     expect(heapTuningFlags(['--min-semi-space-size=8'], undefined)).toEqual([]);
     expect(heapTuningFlags([], '--max-heap-size=512')).toEqual([]);
     expect(heapTuningFlags(['--max-old-space-size=512'], undefined)).toEqual([...V8_HEAP_FLAGS]);
+    // node accepts a quoted word in NODE_OPTIONS, and honours it
+    expect(heapTuningFlags([], '--no-warnings "--max-semi-space-size=4"')).toEqual([]);
+  });
+});
+
+describe('underDebugger', () => {
+  it('sees --inspect on the command line and in NODE_OPTIONS, which node leaves out of execArgv', () => {
+    expect(underDebugger(['--inspect-brk=0.0.0.0:9229'], undefined)).toBe(true);
+    expect(underDebugger([], '--no-warnings --inspect=127.0.0.1:0')).toBe(true);
+    expect(underDebugger([], '"--inspect-wait"')).toBe(true);
+    expect(underDebugger(['--enable-source-maps'], '--max-semi-space-size=16')).toBe(false);
   });
 });
 
@@ -49,6 +60,10 @@ describe('the image', () => {
     const nodeOptions = /^ENV NODE_OPTIONS=(.*)$/m.exec(dockerfile)?.[1];
     expect(nodeOptions?.split(/\s+/)).toEqual([...V8_HEAP_FLAGS]);
     expect(heapTuningFlags([], nodeOptions)).toEqual([]);
+    // And glibc's settings: with both in the environment, nothing is left to re-execute for.
+    const malloc: Record<string, string> = Object.fromEntries([...dockerfile.matchAll(/\b(MALLOC_[A-Z_]+)=(\S+)/g)].map((m) => [m[1] as string, m[2] as string]));
+    expect(malloc).toEqual(HEAP_TUNING);
+    expect(heapTuningEnv('linux', { PATH: '/usr/bin', ...malloc })).toBeUndefined();
   });
 });
 
@@ -93,6 +108,7 @@ describe.runIf(process.platform === 'linux')('the binary started directly', () =
   it('runs with the heap settings, in the same process (same PID), serving as usual', async () => {
     const env = { ...process.env };
     for (const name of Object.keys(HEAP_TUNING)) delete env[name];
+    delete env.NODE_OPTIONS; // one that sized the heap would leave the flag out (the next test)
     const { r } = await serve(env);
     const environ = await environOf(r.child.pid as number);
     expect(environ).toMatchObject(HEAP_TUNING);

@@ -9,7 +9,7 @@ import { silentLogger } from '../src/log.js';
 import { LocalUnitSet } from '../src/proxier/unit-set.js';
 import { proxySocketFactory } from '../src/proxy-sockets.js';
 import type { UnitOpen } from '../src/seams/unit-set.js';
-import { freePort } from './helpers/net.js';
+import { freePort, freePortRun } from './helpers/net.js';
 import { seeded } from './helpers/seeded.js';
 
 /** Replays `values` in turn, repeating the last one. */
@@ -265,7 +265,8 @@ describe('proxy ports of a unit set', () => {
   it("keeps a batch's preferred ports for their units: an earlier unit of the batch does not take a later one's", async () => {
     // Under a hand-over the old process still listens on the preferred port (SO_REUSEPORT), so a
     // bind would succeed for whichever unit asked first and split that port's traffic.
-    const base = await freePort('127.0.0.1');
+    // Both ports of the range must be free: below the ephemeral range, where no test's outgoing connection lands.
+    const base = await freePortRun(2, '127.0.0.1');
     // A source that always starts the scan at the range's first port: the one `b` prefers.
     const units = unitSet(new PortAllocator({ base, size: 2 }, () => 0));
     try {

@@ -9,7 +9,7 @@ function builtinsLoadedByCommand(): string[] {
 }
 
 describe("the binary's modules", () => {
-  it('leave undici (fetch, WebSocket) unloaded: an ES import of node:http would load it at every start', () => {
+  it('leave undici (fetch, WebSocket) unloaded with a state-file source: an ES import of node:http would load it at every such start', () => {
     expect(builtinsLoadedByCommand().filter((m) => m.includes('undici'))).toEqual([]);
   });
 });

@@ -25,9 +25,14 @@ export function heapTuningEnv(platform: string, env: Readonly<Record<string, str
   if (platform !== 'linux') return undefined;
   if (Object.keys(HEAP_TUNING).some((name) => env[name] !== undefined)) return undefined;
   if (/glibc\.malloc\.(trim_threshold|top_pad)/.test(env.GLIBC_TUNABLES ?? '')) return undefined;
+  return { ...definedEnv(env), ...HEAP_TUNING };
+}
+
+/** The environment without its unset names, as execve takes it. */
+export function definedEnv(env: Readonly<Record<string, string | undefined>>): Record<string, string> {
   const out: Record<string, string> = {};
   for (const [k, v] of Object.entries(env)) if (v !== undefined) out[k] = v;
-  return { ...out, ...HEAP_TUNING };
+  return out;
 }
 
 /**
@@ -47,7 +52,27 @@ export const V8_HEAP_FLAGS: readonly string[] = ['--max-semi-space-size=16'];
  * V8 refuses --max-heap-size beside both other sizes, so that counts as a choice too.
  */
 export function heapTuningFlags(execArgv: readonly string[], nodeOptions: string | undefined): string[] {
-  const given = [...execArgv, ...(nodeOptions ?? '').split(/\s+/)].map((a) => a.replace(/_/g, '-'));
+  const given = [...execArgv, ...nodeOptionTokens(nodeOptions)].map((a) => a.replace(/_/g, '-'));
   if (given.some((a) => /^--(max-semi-space-size|min-semi-space-size|max-heap-size)\b/.test(a))) return [];
   return [...V8_HEAP_FLAGS];
+}
+
+/**
+ * Whether node runs under a debugger (--inspect, --inspect-brk, --inspect-wait), on its command
+ * line or in NODE_OPTIONS (which node leaves out of execArgv): re-executing would stop twice at
+ * --inspect-brk and lose the session.
+ */
+export function underDebugger(execArgv: readonly string[], nodeOptions: string | undefined): boolean {
+  return [...execArgv, ...nodeOptionTokens(nodeOptions)].some((a) => a.startsWith('--inspect'));
+}
+
+/**
+ * NODE_OPTIONS as node reads it, near enough for the flags above: words split at white space,
+ * each word's surrounding double quotes dropped (node accepts `"--max-semi-space-size=4"`).
+ */
+function nodeOptionTokens(nodeOptions: string | undefined): string[] {
+  return (nodeOptions ?? '')
+    .split(/\s+/)
+    .filter((a) => a !== '')
+    .map((a) => a.replace(/^"(.*)"$/, '$1'));
 }

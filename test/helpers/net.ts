@@ -1,5 +1,6 @@
 import { createServer, connect, type Server, type Socket, type AddressInfo } from 'node:net';
 import { createSocket, type Socket as UdpSocket } from 'node:dgram';
+import { readFileSync } from 'node:fs';
 
 /** Poll `fn` until it returns a truthy value or the deadline passes (then throw with `what`). */
 export async function waitFor<T>(fn: () => T | Promise<T>, what: string, timeoutMs = 10_000, everyMs = 20): Promise<NonNullable<T>> {
@@ -98,6 +99,36 @@ export function udpRequest(host: string, port: number, data: Buffer | string, ti
 }
 
 /** A free TCP and UDP port on loopback, for Service ports in tests (the kernel picks it). */
+/**
+ * The first of `count` consecutive TCP ports free on `host`, below the kernel's ephemeral range:
+ * a port the kernel handed out (freePort) has neighbours that other tests' outgoing connections
+ * take at any moment, so a run picked there is not free for long.
+ */
+export async function freePortRun(count: number, host = '127.0.0.1'): Promise<number> {
+  const [ephemeralLow] = readFileSync('/proc/sys/net/ipv4/ip_local_port_range', 'utf8').trim().split(/\s+/).map(Number);
+  const top = Math.min(ephemeralLow ?? 32768, 32768) - count;
+  for (let i = 0; i < 50; i++) {
+    const base = 20000 + Math.floor(Math.random() * (top - 20000));
+    const held: Server[] = [];
+    try {
+      for (let p = base; p < base + count; p++) {
+        const server = createServer();
+        await new Promise<void>((resolve, reject) => {
+          server.once('error', reject);
+          server.listen(p, host, resolve);
+        });
+        held.push(server);
+      }
+      return base;
+    } catch {
+      // taken: try another run
+    } finally {
+      for (const server of held) await new Promise<void>((resolve) => server.close(() => resolve()));
+    }
+  }
+  throw new Error(`no ${count} free consecutive ports`);
+}
+
 export async function freePort(host = '127.0.0.1'): Promise<number> {
   for (let i = 0; i < 20; i++) {
     const server = createServer();
