@@ -66,6 +66,14 @@ async function welcomedNewcomer(node: HandoverNode): Promise<{ line: Socket; got
   return { line, got: () => got };
 }
 
+/** A successor that gave the hand-over up: it exits 1 with one line on stderr, returned. */
+async function oneLineExit(successor: Spawned): Promise<string> {
+  expect(await successor.exited).toBe(1);
+  const lines = successor.stderr().trim().split('\n');
+  expect(lines).toHaveLength(1);
+  return lines[0] as string;
+}
+
 /** One GET on the health port inside the node's namespace (whichever process the kernel picks answers). */
 async function healthProbe(node: HandoverNode, path: string): Promise<{ status: number; body: string }> {
   const script = `fetch('http://127.0.0.1:10256${path}').then(async (r) => process.stdout.write(JSON.stringify({ status: r.status, body: await r.text() })), (e) => { process.stderr.write(String(e)); process.exit(1); });`;
@@ -298,10 +306,7 @@ describe('hand-over faults', () => {
     await old.waitForLine(/answering hand-overs/, 30_000);
     const later = join(node.dir, 'later.json');
     const next = node.proxy([], ['--state', later]);
-    expect(await next.exited).toBe(1);
-    const lines = next.stderr().trim().split('\n');
-    expect(lines).toHaveLength(1);
-    expect(lines[0]).toContain('runs none of the running proxy\'s service ports');
+    expect(await oneLineExit(next)).toContain('runs none of the running proxy\'s service ports');
     await old.waitForLine(/hand-over abandoned, serving on/);
     expect(await request(node, 'still')).toBe('be:still');
     expect((await healthProbe(node, '/readyz')).status).toBe(200);
@@ -320,10 +325,7 @@ describe('hand-over faults', () => {
     // 257 open files leave room for one listening socket (core/descriptor-budget.ts): the other
     // service port's listener fails with EMFILE, in the successor only.
     const next = node.proxy([], undefined, ['prlimit', '--nofile=257:257']);
-    expect(await next.exited).toBe(1);
-    const lines = next.stderr().trim().split('\n');
-    expect(lines).toHaveLength(1);
-    expect(lines[0]).toMatch(/^kube-userspace-proxy: hand-over abandoned: \d service ports? the running proxy \(pid \d+\) serves cannot listen here: default\/echo:(tcp|udp)\S*: not served: cannot listen on \S+: out of open files .*; it serves on$/);
+    expect(await oneLineExit(next)).toMatch(/^kube-userspace-proxy: hand-over abandoned: \d service ports? the running proxy \(pid \d+\) serves cannot listen here: default\/echo:(tcp|udp)\S*: not served: cannot listen on \S+: out of open files .*; it serves on$/);
     expect(logged(next, /took over from the previous process/)).toEqual([]);
     await old.waitForLine(/hand-over abandoned, serving on/);
     expect(old.child.exitCode).toBeNull();

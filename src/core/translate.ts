@@ -182,7 +182,8 @@ function endpointsFor(slices: readonly V1EndpointSlice[], portName: string, prot
       }
     }
   }
-  const order = infos.map((_, i) => i).sort((i, j) => compare(addrs[i] as string, addrs[j] as string) || i - j);
+  // Array.prototype.sort is stable: copies of one address stay in slice order.
+  const order = infos.map((_, i) => i).sort((i, j) => compare(addrs[i] as string, addrs[j] as string));
   const out: EndpointInfo[] = [];
   let last: string | undefined;
   for (const i of order) {

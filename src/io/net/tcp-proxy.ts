@@ -361,9 +361,11 @@ export class TcpProxySocket implements ProxySocket, TcpHandOff, TcpConnectionCon
   }
 
   private notifyDrained(): void {
+    // Runs whenever the port's last connection closes (every connection, on a quiet port).
     const waiters = this.drainWaiters;
+    if (waiters === undefined) return;
     this.drainWaiters = undefined;
-    for (const resolve of waiters ?? []) resolve();
+    for (const resolve of waiters) resolve();
   }
 
   private onListenerError(err: Error, bound: BoundAddress): void {
