@@ -248,6 +248,30 @@ describe('ManifestReader', () => {
     expect(reader.read(Buffer.from(JSON.stringify(doc)))).toMatchObject({ kind: 'delta', deleteServices: [{ namespace: 'default', name: 's0' }], upsertServices: [] });
   });
 
+  it('keeps its index right when an edit replaces more items than are spliced in place, and lists the objects once accepted', () => {
+    const slice = (i: number, ip: string): Obj => endpointSlice({ service: `s${i}`, ports: [{ port: 8080 }], endpoints: [{ ip }] });
+    const items: Obj[] = Array.from({ length: 3000 }, (_, i) => slice(i, '10.0.0.1'));
+    const text = (): Buffer => Buffer.from(JSON.stringify({ apiVersion: 'v1', kind: 'List', metadata: { resourceVersion: '' }, items }, null, 2));
+    const addresses = (objs: Iterable<V1EndpointSlice>): string[] => [...objs].map((s) => s.endpoints[0]?.addresses[0] ?? '');
+    const reader = new ManifestReader(FILE);
+    expect(reader.read(text())?.kind).toBe('full');
+    reader.prepare();
+    // Every item but the first and the last changed: one window of 2,998 new items.
+    for (let i = 1; i < 2999; i++) items[i] = slice(i, '10.0.0.2');
+    const read = reader.diff(text());
+    expect(read?.change.kind === 'delta' && read.change.upsertEndpointSlices.length).toBe(2998);
+    read?.accept();
+    expect(addresses(read?.objects().endpointSlices ?? [])).toEqual(items.map((_, i) => (i === 0 || i === 2999 ? '10.0.0.1' : '10.0.0.2')));
+    // The index after it: a small edit past the window is one object, at its new place.
+    items[2999] = slice(2999, '10.0.0.3');
+    items[5] = slice(5, '10.0.0.4');
+    const small = reader.diff(text());
+    expect(small?.change.kind === 'delta' && small.change.upsertEndpointSlices.map((s) => s.metadata?.name).sort()).toEqual(['s2999-abcde', 's5-abcde']);
+    small?.accept();
+    const all = addresses(small?.objects().endpointSlices ?? []);
+    expect([all[0], all[5], all[6], all[2999], all.length]).toEqual(['10.0.0.1', '10.0.0.4', '10.0.0.2', '10.0.0.3', 3000]);
+  });
+
   it('hands on only what a whole rewrite changed, however scattered: edits, an insertion and a removal', () => {
     const items: Obj[] = [];
     for (let i = 0; i < 1000; i++) items.push(endpointSlice({ service: `s${i}`, ports: [{ port: 8080 }], endpoints: [{ ip: '10.0.0.1' }] }));

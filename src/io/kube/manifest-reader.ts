@@ -47,7 +47,10 @@ export interface ManifestRead {
   change: ManifestChange;
   /** What the whole file says (manifest.ts, Holds): the caller decides whether it stands for the state. */
   holds: Holds;
-  /** Every object of the file now, in file order (the whole manifest, not only what changed). */
+  /**
+   * Every object of the file now, in file order (the whole manifest, not only what changed); good
+   * until another read is accepted (the index is edited in place).
+   */
   objects(): { services: Iterable<V1Service>; endpointSlices: Iterable<V1EndpointSlice> };
   /** Make this version the one the next read is compared with. */
   accept(): void;
@@ -217,7 +220,9 @@ export class ManifestReader {
     if (w === undefined) return undefined;
     // Every item gone from the window: valid only if the array is now empty.
     if (w.window.length === 0 && (byteBefore(buf, a) !== BYTE.LBRACKET || byteFrom(buf, b + shift) !== BYTE.RBRACKET)) return undefined;
-    const after = (): Iterable<Item> => concat(items, from, w.window, to + 1);
+    // Once accepted, the index's own list is the new one (replaceItems edits it in place).
+    let accepted = false;
+    const after = (): Iterable<Item> => (accepted ? items : concat(items, from, w.window, to + 1));
     const { change, holds, counts, problemItems } = changeOf(index, after, w.removed, w.fresh);
     const generation = this.generation;
     return {
@@ -238,7 +243,8 @@ export class ManifestReader {
           item.start += shift;
           item.end += shift;
         }
-        index.items = items.slice(0, from).concat(w.window, items.slice(to + 1));
+        replaceItems(items, from, to + 1 - from, w.window);
+        accepted = true;
         index.close += shift;
         for (const [key, n] of counts) {
           if (n === 0) index.counts.delete(key);
@@ -329,6 +335,26 @@ function matchAhead(prev: Buffer, buf: Buffer, items: readonly Item[], k: number
     if (j + len <= limit && prev.compare(buf, j, j + len, it.start, it.end) === 0) return x;
   }
   return -1;
+}
+
+/** The most items spliced in as arguments: past it, the list is built anew (a call's arguments live on the stack). */
+const MAX_SPLICED = 1024;
+
+/**
+ * items[from, from + count) replaced by `window`, in place: a new list per accepted read would
+ * leave some 160 KB of garbage in V8's large-object space (old generation) at 10,000 Services,
+ * and at ten reads a second that is what brought on the mark-compacts whose marking slowed the
+ * reads around them (bench/README.md, file churn).
+ */
+function replaceItems(items: Item[], from: number, count: number, window: readonly Item[]): void {
+  if (window.length <= MAX_SPLICED) {
+    items.splice(from, count, ...window);
+    return;
+  }
+  const rest = items.slice(from + count);
+  items.length = from;
+  for (const item of window) items.push(item);
+  for (const item of rest) items.push(item);
 }
 
 /** The new list of items, without building it: items before `from`, the window, items from `rest` on. */
