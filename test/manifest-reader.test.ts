@@ -248,28 +248,42 @@ describe('ManifestReader', () => {
     expect(reader.read(Buffer.from(JSON.stringify(doc)))).toMatchObject({ kind: 'delta', deleteServices: [{ namespace: 'default', name: 's0' }], upsertServices: [] });
   });
 
-  it('keeps its index right when an edit replaces more items than are spliced in place, and lists the objects once accepted', () => {
+  it('keeps its index right through edits that replace items in place, splice them in, or rebuild the list, and lists the objects once accepted', () => {
     const slice = (i: number, ip: string): Obj => endpointSlice({ service: `s${i}`, ports: [{ port: 8080 }], endpoints: [{ ip }] });
-    const items: Obj[] = Array.from({ length: 3000 }, (_, i) => slice(i, '10.0.0.1'));
+    let items: Obj[] = Array.from({ length: 3000 }, (_, i) => slice(i, '10.0.0.1'));
     const text = (): Buffer => Buffer.from(JSON.stringify({ apiVersion: 'v1', kind: 'List', metadata: { resourceVersion: '' }, items }, null, 2));
-    const addresses = (objs: Iterable<V1EndpointSlice>): string[] => [...objs].map((s) => s.endpoints[0]?.addresses[0] ?? '');
+    const addresses = (objs: Iterable<V1EndpointSlice>): string[] => [...objs].map((s) => `${s.metadata?.name ?? ''}=${s.endpoints[0]?.addresses[0] ?? ''}`);
+    const expected = (): string[] => items.map((o) => `${(o.metadata as Obj).name as string}=${(((o.endpoints as Obj[])[0] as Obj).addresses as string[])[0] as string}`);
     const reader = new ManifestReader(FILE);
     expect(reader.read(text())?.kind).toBe('full');
     reader.prepare();
-    // Every item but the first and the last changed: one window of 2,998 new items.
-    for (let i = 1; i < 2999; i++) items[i] = slice(i, '10.0.0.2');
-    const read = reader.diff(text());
-    expect(read?.change.kind === 'delta' && read.change.upsertEndpointSlices.length).toBe(2998);
-    read?.accept();
-    expect(addresses(read?.objects().endpointSlices ?? [])).toEqual(items.map((_, i) => (i === 0 || i === 2999 ? '10.0.0.1' : '10.0.0.2')));
-    // The index after it: a small edit past the window is one object, at its new place.
-    items[2999] = slice(2999, '10.0.0.3');
-    items[5] = slice(5, '10.0.0.4');
-    const small = reader.diff(text());
-    expect(small?.change.kind === 'delta' && small.change.upsertEndpointSlices.map((s) => s.metadata?.name).sort()).toEqual(['s2999-abcde', 's5-abcde']);
-    small?.accept();
-    const all = addresses(small?.objects().endpointSlices ?? []);
-    expect([all[0], all[5], all[6], all[2999], all.length]).toEqual(['10.0.0.1', '10.0.0.4', '10.0.0.2', '10.0.0.3', 3000]);
+    /** One version: its delta names `changed`, and its objects, listed after accept, are the file's. */
+    const step = (changed: string[], removed: string[] = []): void => {
+      const read = reader.diff(text());
+      const change = read?.change;
+      expect(change?.kind).toBe('delta');
+      if (change?.kind !== 'delta') return;
+      expect(change.upsertEndpointSlices.map((s) => s.metadata?.name ?? '').sort()).toEqual([...changed].sort());
+      expect(change.deleteEndpointSlices.map((k) => k.name).sort()).toEqual([...removed].sort());
+      read?.accept();
+      expect(addresses(read?.objects().endpointSlices ?? [])).toEqual(expected());
+    };
+    // Every item but the first and the last changed, and one removed from their midst: a window
+    // of 2,997 new items for 2,998 old ones, past what is spliced in as arguments (rebuilt).
+    items = items.filter((_, i) => i !== 1500).map((o, i) => (i === 0 || i === 2998 ? o : slice(i < 1500 ? i : i + 1, '10.0.0.2')));
+    step(
+      items.slice(1, 2998).map((o) => `${(o.metadata as Obj).name as string}`),
+      ['s1500-abcde'],
+    );
+    // One item replaced where it stood (assigned in place), at the very end.
+    items[2998] = slice(2999, '10.0.0.3');
+    step(['s2999-abcde']);
+    // One item inserted near the start (spliced in): everything after it moves by one item.
+    items.splice(3, 0, slice(5000, '10.0.0.4'));
+    step(['s5000-abcde']);
+    // The index still lines up past the shifted items: a change at the end is one object.
+    items[2999] = slice(2999, '10.0.0.5');
+    step(['s2999-abcde']);
   });
 
   it('hands on only what a whole rewrite changed, however scattered: edits, an insertion and a removal', () => {

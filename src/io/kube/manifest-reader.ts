@@ -48,8 +48,9 @@ export interface ManifestRead {
   /** What the whole file says (manifest.ts, Holds): the caller decides whether it stands for the state. */
   holds: Holds;
   /**
-   * Every object of the file now, in file order (the whole manifest, not only what changed); good
-   * until another read is accepted (the index is edited in place).
+   * Every object of the file now, in file order (the whole manifest, not only what changed). The
+   * index is edited in place on accept: iterate it wholly before this read's accept(), or call
+   * objects() again after it; it is good until another read is accepted.
    */
   objects(): { services: Iterable<V1Service>; endpointSlices: Iterable<V1EndpointSlice> };
   /** Make this version the one the next read is compared with. */
@@ -347,6 +348,11 @@ const MAX_SPLICED = 1024;
  * reads around them (bench/README.md, file churn).
  */
 function replaceItems(items: Item[], from: number, count: number, window: readonly Item[]): void {
+  if (window.length === count) {
+    // The common edit (objects changed where they stood): nothing moves, nothing is allocated.
+    for (let k = 0; k < count; k++) items[from + k] = window[k] as Item;
+    return;
+  }
   if (window.length <= MAX_SPLICED) {
     items.splice(from, count, ...window);
     return;
