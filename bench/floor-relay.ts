@@ -1,18 +1,20 @@
 #!/usr/bin/env node
 /**
- * The floor under the proxy's load figures: the barest relay Node's `net` and `dgram` allow, in
- * place of the proxy (`node dist/bench/run.js --proxy-main dist/bench/floor-relay.js`). It takes
- * the proxy's command line and serves the bench's Service ports on the proxy's address, each
- * relayed to the bench backend with nothing else: no balancer, no statistics, no timers, no
- * logging, no error handling past closing both sides. TCP is Node's own `pipe()` both ways; UDP is
- * one connected socket per client, as the proxy does. With `--workers N` it runs N processes
- * sharing the ports by SO_REUSEPORT, as the proxy's workers do.
+ * The floor under the proxy's load figures: the proxy's own way with Node's sockets and nothing
+ * else, run in the proxy's place (`node dist/bench/run.js --proxy-main dist/bench/floor-relay.js`).
+ * It takes the proxy's command line and serves the bench's Service ports on the proxy's address,
+ * each relayed to the bench backend as the proxy relays: TCP accepted paused until the endpoint
+ * is connected, the client's bytes by 'data' with pause()/'drain', the endpoint's read with
+ * `onread` into one shared buffer and copied out per read, half-close passed on; UDP one connected
+ * socket per client, replies sent from the listening socket without a name lookup. No balancer,
+ * statistics, timers, logging, retries or error handling beyond resetting both sides. With
+ * `--workers N` it runs N processes sharing the ports by SO_REUSEPORT, as the proxy's workers do.
  *
- * What it tells: how far the proxy is from what Node itself costs per operation. Where the proxy
- * is near this relay and both are far from nginx, the distance is Node's, not this code's.
+ * What it tells: how far the proxy is from what its design costs on Node. Where the proxy is near
+ * this relay and both are far from nginx, the distance is Node's, not this code's.
  * A measuring tool only; nothing of the proxy uses it.
  */
-import { fork } from 'node:child_process';
+import { fork, type ChildProcess } from 'node:child_process';
 import { createSocket, type RemoteInfo, type Socket as UdpSocket } from 'node:dgram';
 import { createServer as createHttpServer } from 'node:http';
 import { connect, createServer, type Server } from 'node:net';
@@ -32,17 +34,39 @@ export async function serveFloor(ports: readonly FloorPort[], listenHost: string
   };
 }
 
+/** One buffer for every endpoint read of this process: each read is copied out before the next. */
+const sharedRead = new Uint8Array(64 * 1024);
+
 function relayTcp(port: number, listenHost: string, backendHost: string): Promise<() => void> {
-  const server: Server = createServer({ allowHalfOpen: true, noDelay: true }, (client) => {
-    const upstream = connect({ host: backendHost, port, noDelay: true, allowHalfOpen: true });
+  const server: Server = createServer({ allowHalfOpen: true, noDelay: true, pauseOnConnect: true }, (client) => {
+    const upstream = connect({
+      host: backendHost,
+      port,
+      noDelay: true,
+      allowHalfOpen: true,
+      onread: {
+        buffer: sharedRead,
+        callback: (bytes, buf) => {
+          const chunk = Buffer.allocUnsafe(bytes);
+          chunk.set(buf.subarray(0, bytes));
+          return client.write(chunk); // false stops the read until the client's 'drain'
+        },
+      },
+    });
     const cut = (): void => {
-      client.destroy();
-      upstream.destroy();
+      client.resetAndDestroy();
+      upstream.resetAndDestroy();
     };
     client.on('error', cut);
     upstream.on('error', cut);
-    client.pipe(upstream);
-    upstream.pipe(client);
+    upstream.once('connect', () => client.resume());
+    client.on('data', (chunk: Buffer) => {
+      if (!upstream.write(chunk)) client.pause();
+    });
+    upstream.on('drain', () => client.resume());
+    client.on('drain', () => upstream.resume());
+    client.on('end', () => upstream.end());
+    upstream.on('end', () => client.end());
   });
   return new Promise((resolve, reject) => {
     server.once('error', reject);
@@ -51,7 +75,8 @@ function relayTcp(port: number, listenHost: string, backendHost: string): Promis
 }
 
 function relayUdp(port: number, listenHost: string, backendHost: string): Promise<() => void> {
-  const server = createSocket({ type: 'udp4', reusePort: true });
+  // Replies go to an address literal: no lookup per send (the proxy's listener does the same).
+  const server = createSocket({ type: 'udp4', reusePort: true, lookup: (host, _opts, cb) => cb(null, host, 4) });
   const sessions = new Map<string, { socket: UdpSocket; waiting: Buffer[] | undefined }>();
   server.on('message', (msg: Buffer, from: RemoteInfo) => {
     const key = `${from.address}:${from.port}`;
@@ -100,16 +125,45 @@ function admin(hostPort: string): void {
 async function main(): Promise<void> {
   const benchPorts = Object.values(SERVICES);
   if (process.env.FLOOR_RELAY_WORKER === '1') {
-    await serveFloor(benchPorts, PROXY_HOST, BACKEND_HOST);
+    // Gone with the primary, however it ends (also before this worker has bound).
     process.on('disconnect', () => process.exit(0));
+    await serveFloor(benchPorts, PROXY_HOST, BACKEND_HOST);
+    process.send?.('ready');
     return;
   }
   const workers = Number(flag('--workers') ?? '1');
-  if (workers <= 1) await serveFloor(benchPorts, PROXY_HOST, BACKEND_HOST);
-  else for (let i = 0; i < workers; i++) fork(process.argv[1] as string, [], { env: { ...process.env, FLOOR_RELAY_WORKER: '1' }, stdio: 'inherit' });
+  const children: ChildProcess[] = [];
+  if (workers <= 1) {
+    await serveFloor(benchPorts, PROXY_HOST, BACKEND_HOST);
+  } else {
+    await Promise.all(
+      Array.from({ length: workers }, () => {
+        const child = fork(process.argv[1] as string, [], { env: { ...process.env, FLOOR_RELAY_WORKER: '1' }, stdio: 'inherit' });
+        children.push(child);
+        return new Promise<void>((resolve, reject) => {
+          child.once('message', () => resolve());
+          child.once('exit', (code) => reject(new Error(`a floor relay worker exited before serving (${code ?? 'signal'})`)));
+        });
+      }),
+    );
+    // A worker lost is a relay that no longer serves what the figures say: stop, loudly.
+    for (const child of children) {
+      child.removeAllListeners('exit');
+      child.once('exit', () => process.exit(1));
+    }
+  }
+  // Answered only once every worker serves: it is the harness's readiness wait.
   admin(flag('--metrics-bind-address') ?? '127.0.0.1:10249');
-  // The harness stops what it started with SIGTERM: the workers go with the primary (disconnect).
-  process.on('SIGTERM', () => process.exit(0));
+  process.on('SIGTERM', () => {
+    // The harness's stop: the ports are free when this process has gone.
+    for (const child of children) child.removeAllListeners('exit');
+    let left = children.length;
+    if (left === 0) process.exit(0);
+    for (const child of children) {
+      child.once('exit', () => --left === 0 && process.exit(0));
+      child.kill('SIGTERM');
+    }
+  });
 }
 
 if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(process.argv[1]).href) await main();

@@ -64,7 +64,8 @@ function meta(options: Options, tools: Tools, pin: Pinning, stamp: string): Reco
     loadAverageStart: la,
     lane: LANE,
     pinning,
-    conditions: `${cpus().length} × ${cpu}; load average at start ${la}; ${pinning}`,
+    // --proxy-main: which build (or the floor relay) ran as the proxy, in the report's header line.
+    conditions: `${cpus().length} × ${cpu}; load average at start ${la}; ${pinning}${options.proxyMain !== undefined ? `; proxy: ${options.proxyMain}` : ''}`,
     tools: tools.versions,
     options,
   };
