@@ -90,7 +90,7 @@ describe('floor relay', () => {
     while (status === undefined && Date.now() < deadline) {
       status = await fetch('http://127.0.0.1:19267/services').then(
         async (r) => (await r.json()) as { services: unknown[] },
-        () => new Promise<undefined>((resolve) => setTimeout(resolve, 50)),
+        () => new Promise<undefined>((resolve) => setTimeout(() => resolve(undefined), 50)),
       );
     }
     expect(status?.services).toHaveLength(4);
