@@ -5,9 +5,11 @@
  * It takes the proxy's command line and serves the bench's Service ports on the proxy's address,
  * each relayed to the bench backend as the proxy relays: TCP accepted paused until the endpoint
  * is connected, the client's bytes by 'data' with pause()/'drain', the endpoint's read with
- * `onread` into one shared buffer and copied out per read, half-close passed on; UDP one connected
- * socket per client, replies sent from the listening socket without a name lookup. No balancer,
- * statistics, timers, logging, retries or error handling beyond resetting both sides. With
+ * `onread` into one shared buffer and copied out per read, each FIN passed on by the proxy's own
+ * passEnd (a close when the other way has ended too, else a half-close); UDP one connected socket
+ * per client, the listener's receive buffer as big as the proxy asks, replies sent without a name
+ * lookup. No balancer, statistics, dial timeout, keepalive, logging, retries or error handling
+ * beyond resetting both sides. With
  * `--workers N` it runs N processes sharing the ports by SO_REUSEPORT, as the proxy's workers do.
  *
  * What it tells: how far the proxy is from what its design costs on Node. Where the proxy is near
@@ -17,8 +19,10 @@
 import { fork, type ChildProcess } from 'node:child_process';
 import { createSocket, type RemoteInfo, type Socket as UdpSocket } from 'node:dgram';
 import { createServer as createHttpServer } from 'node:http';
-import { connect, createServer, type Server } from 'node:net';
+import { connect, createServer, type AddressInfo, type Server } from 'node:net';
 import { pathToFileURL } from 'node:url';
+import { passEnd } from '../src/io/net/tcp-connection.js';
+import { LISTENER_RECV_BUFFER_BYTES } from '../src/io/net/udp-receive-buffers.js';
 import { BACKEND_HOST, PROXY_HOST, SERVICES } from './lib/plan.js';
 
 export interface FloorPort {
@@ -65,8 +69,8 @@ function relayTcp(port: number, listenHost: string, backendHost: string): Promis
     });
     upstream.on('drain', () => client.resume());
     client.on('drain', () => upstream.resume());
-    client.on('end', () => upstream.end());
-    upstream.on('end', () => client.end());
+    client.on('end', () => passEnd(upstream));
+    upstream.on('end', () => passEnd(client));
   });
   return new Promise((resolve, reject) => {
     server.once('error', reject);
@@ -100,12 +104,13 @@ function relayUdp(port: number, listenHost: string, backendHost: string): Promis
   });
   return new Promise((resolve, reject) => {
     server.once('error', reject);
-    server.bind(port, listenHost, () =>
+    server.bind(port, listenHost, () => {
+      server.setRecvBufferSize(LISTENER_RECV_BUFFER_BYTES);
       resolve(() => {
         server.close();
         for (const s of sessions.values()) s.socket.close();
-      }),
-    );
+      });
+    });
   });
 }
 
@@ -114,31 +119,42 @@ function flag(name: string): string | undefined {
   return i >= 0 ? process.argv[i + 1] : undefined;
 }
 
-/** GET /services as the proxy answers it, for the harness's readiness wait. */
-function admin(hostPort: string): void {
+/** GET /services as the proxy answers it, for the harness's readiness wait; resolves to the port it listens on. */
+function admin(hostPort: string, serving: string): Promise<number> {
   const at = hostPort.lastIndexOf(':');
-  const body = JSON.stringify({ services: Object.keys(SERVICES).map((name) => ({ name: `bench/bench:${name}`, reachable: [PROXY_HOST], errors: [] })) });
-  createHttpServer((_req, res) => res.end(body)).listen(Number(hostPort.slice(at + 1)), hostPort.slice(0, at));
+  const body = JSON.stringify({ services: Object.keys(SERVICES).map((name) => ({ name: `bench/bench:${name}`, reachable: [serving], errors: [] })) });
+  const server = createHttpServer((_req, res) => res.end(body));
+  return new Promise((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(Number(hostPort.slice(at + 1)), hostPort.slice(0, at), () => resolve((server.address() as AddressInfo).port));
+  });
 }
 
-/** The proxy's command line, as the harness gives it (`--workers`, `--metrics-bind-address`; the rest is ignored). */
+/**
+ * The proxy's command line, as the harness gives it (`--workers`, `--metrics-bind-address`; the
+ * rest is ignored). FLOOR_RELAY_HOSTS=LISTEN,BACKEND moves it off the bench's addresses (tests).
+ * Started with an IPC channel, the primary reports `{ admin: port }` once ready and leaves with
+ * its parent.
+ */
 async function main(): Promise<void> {
   const benchPorts = Object.values(SERVICES);
+  const [listenHost = PROXY_HOST, backendHost = BACKEND_HOST] = (process.env.FLOOR_RELAY_HOSTS ?? '').split(',').filter(Boolean);
+  // Gone with the parent, however it ends (a worker also before it has bound).
+  if (process.connected) process.on('disconnect', () => process.exit(0));
   if (process.env.FLOOR_RELAY_WORKER === '1') {
-    // Gone with the primary, however it ends (also before this worker has bound).
-    process.on('disconnect', () => process.exit(0));
-    await serveFloor(benchPorts, PROXY_HOST, BACKEND_HOST);
+    await serveFloor(benchPorts, listenHost, backendHost);
     process.send?.('ready');
     return;
   }
   const workers = Number(flag('--workers') ?? '1');
+  if (!Number.isInteger(workers) || workers < 1) throw new Error(`--workers: "${flag('--workers') ?? ''}" is not a number of workers`);
   const children: ChildProcess[] = [];
-  if (workers <= 1) {
-    await serveFloor(benchPorts, PROXY_HOST, BACKEND_HOST);
+  if (workers === 1) {
+    await serveFloor(benchPorts, listenHost, backendHost);
   } else {
     await Promise.all(
       Array.from({ length: workers }, () => {
-        const child = fork(process.argv[1] as string, [], { env: { ...process.env, FLOOR_RELAY_WORKER: '1' }, stdio: 'inherit' });
+        const child = fork(process.argv[1] as string, [], { env: { ...process.env, FLOOR_RELAY_WORKER: '1' }, stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
         children.push(child);
         return new Promise<void>((resolve, reject) => {
           child.once('message', () => resolve());
@@ -153,7 +169,8 @@ async function main(): Promise<void> {
     }
   }
   // Answered only once every worker serves: it is the harness's readiness wait.
-  admin(flag('--metrics-bind-address') ?? '127.0.0.1:10249');
+  const adminPort = await admin(flag('--metrics-bind-address') ?? '127.0.0.1:10249', listenHost);
+  process.send?.({ admin: adminPort });
   process.on('SIGTERM', () => {
     // The harness's stop: the ports are free when this process has gone.
     for (const child of children) child.removeAllListeners('exit');

@@ -72,36 +72,43 @@ describe('floor relay', () => {
   });
 
   it('with --workers 2 answers the harness once both workers serve, relays, and frees the ports when stopped', async () => {
-    // Lane 9 of the bench's addresses: the relay on 127.77.9.1, the backend on 127.9.50.1, port 18080 (the bench's HTTP).
+    // Addresses of this run's own, off the bench's lanes: the relay's listener and its backend.
+    const octet = (): number => 2 + Math.floor(Math.random() * 250);
+    const listenHost = `127.${200 + (process.pid % 50)}.${octet()}.${octet()}`;
+    const backendHost = `127.${200 + (process.pid % 50)}.${octet()}.1`;
     const backend = createServer((s) => s.end('from backend'));
     await new Promise<void>((resolve, reject) => {
       backend.once('error', reject);
-      backend.listen({ host: '127.9.50.1', port: 18080 }, resolve);
+      backend.listen({ host: backendHost, port: 18080 }, resolve); // the bench's HTTP port
     });
     cleanups.push(() => new Promise((resolve) => backend.close(resolve)));
-    const relay = spawn(process.execPath, [RELAY, '--state', 'ignored.json', '--workers', '2', '--metrics-bind-address', '127.0.0.1:19267'], {
-      env: { ...process.env, KUP_BENCH_LANE: '9' },
-      stdio: 'ignore',
+    const relay = spawn(process.execPath, [RELAY, '--state', 'ignored.json', '--workers', '2', '--metrics-bind-address', '127.0.0.1:0'], {
+      env: { ...process.env, FLOOR_RELAY_HOSTS: `${listenHost},${backendHost}` },
+      stdio: ['ignore', 'ignore', 'pipe', 'ipc'],
     });
+    let stderr = '';
+    relay.stderr?.on('data', (d: Buffer) => (stderr += d.toString()));
     const exited = new Promise<number | null>((resolve) => relay.once('exit', resolve));
-    cleanups.push(() => relay.exitCode === null && relay.kill('SIGKILL'));
-    let status: { services: unknown[] } | undefined;
-    const deadline = Date.now() + 10_000;
-    while (status === undefined && Date.now() < deadline) {
-      status = await fetch('http://127.0.0.1:19267/services').then(
-        async (r) => (await r.json()) as { services: unknown[] },
-        () => new Promise<undefined>((resolve) => setTimeout(() => resolve(undefined), 50)),
-      );
-    }
-    expect(status?.services).toHaveLength(4);
+    cleanups.push(async () => {
+      if (relay.exitCode === null && relay.signalCode === null) relay.kill('SIGKILL');
+      await exited;
+    });
+    // Ready (its admin port said over IPC) or gone: whichever comes first.
+    const ready = await withDeadline(
+      Promise.race([new Promise<number>((resolve) => relay.once('message', (m: { admin: number }) => resolve(m.admin))), exited.then((code) => Promise.reject(new Error(`the floor relay exited (${code}): ${stderr}`)))]),
+      10_000,
+      'the floor relay to be ready',
+    );
+    const status = (await (await fetch(`http://127.0.0.1:${ready}/services`, { signal: AbortSignal.timeout(2000) })).json()) as { services: unknown[] };
+    expect(status.services).toHaveLength(4);
     // Ready means both workers serve: two children, and the port relays.
     expect(childrenOf(relay.pid as number)).toHaveLength(2);
-    expect((await exchange(18080, '', '127.77.9.1')).toString()).toBe('from backend');
-    expect(await portFree('127.77.9.1', 18080)).toBe(false);
+    expect((await exchange(18080, '', listenHost)).toString()).toBe('from backend');
+    expect(await portFree(listenHost, 18080)).toBe(false);
     relay.kill('SIGTERM');
     expect(await withDeadline(exited, 5000, 'the floor relay to exit on SIGTERM')).toBe(0);
     // Its workers went with it: nothing holds the ports.
-    expect(await portFree('127.77.9.1', 18080)).toBe(true);
-    expect(await portFree('127.77.9.1', 15201)).toBe(true);
+    expect(await portFree(listenHost, 18080)).toBe(true);
+    expect(await portFree(listenHost, 15201)).toBe(true);
   });
 });

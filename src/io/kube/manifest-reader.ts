@@ -342,10 +342,9 @@ function matchAhead(prev: Buffer, buf: Buffer, items: readonly Item[], k: number
 const MAX_SPLICED = 1024;
 
 /**
- * items[from, from + count) replaced by `window`, in place: a new list per accepted read would
- * leave some 160 KB of garbage in V8's large-object space (old generation) at 10,000 Services,
- * and at ten reads a second that is what brought on the mark-compacts whose marking slowed the
- * reads around them (bench/README.md, file churn).
+ * items[from, from + count) replaced by `window`, in place: a new list per accepted read is a
+ * large array straight into V8's old generation, and a file rewritten often then brings on the
+ * mark-compacts that slow the reads around them (docs/scale.md, the file-churn row).
  */
 function replaceItems(items: Item[], from: number, count: number, window: readonly Item[]): void {
   if (window.length === count) {

@@ -654,7 +654,7 @@ function dropFirstBytes(chunks: readonly Uint8Array[], n: number): Uint8Array[] 
  * when `to` has not ended yet, the choice waits for the end of the round (setImmediate), by which
  * time every read of the round has been handled.
  */
-function passEnd(to: Socket | Upstream): void {
+export function passEnd(to: Socket | Upstream): void {
   if (to.readableEnded) endOrClose(to);
   else setImmediate(endOrClose, to);
 }
