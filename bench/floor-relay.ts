@@ -9,8 +9,8 @@
  * passEnd (a close when the other way has ended too, else a half-close); UDP one connected socket
  * per client, the listener's receive buffer as big as the proxy asks, replies sent without a name
  * lookup. No balancer, statistics, dial timeout, keepalive, logging, retries or error handling
- * beyond resetting both sides. With
- * `--workers N` it runs N processes sharing the ports by SO_REUSEPORT, as the proxy's workers do.
+ * beyond resetting both sides. With `--workers N` it runs N processes sharing the ports by
+ * SO_REUSEPORT, as the proxy's workers do.
  *
  * What it tells: how far the proxy is from what its design costs on Node. Where the proxy is near
  * this relay and both are far from nginx, the distance is Node's, not this code's.
@@ -105,7 +105,11 @@ function relayUdp(port: number, listenHost: string, backendHost: string): Promis
   return new Promise((resolve, reject) => {
     server.once('error', reject);
     server.bind(port, listenHost, () => {
-      server.setRecvBufferSize(LISTENER_RECV_BUFFER_BYTES);
+      try {
+        server.setRecvBufferSize(LISTENER_RECV_BUFFER_BYTES);
+      } catch {
+        // As the proxy: a buffer the kernel refuses leaves its default, and the relay serves.
+      }
       resolve(() => {
         server.close();
         for (const s of sessions.values()) s.socket.close();
@@ -132,13 +136,17 @@ function admin(hostPort: string, serving: string): Promise<number> {
 
 /**
  * The proxy's command line, as the harness gives it (`--workers`, `--metrics-bind-address`; the
- * rest is ignored). FLOOR_RELAY_HOSTS=LISTEN,BACKEND moves it off the bench's addresses (tests).
+ * rest is ignored). FLOOR_RELAY_HOSTS=LISTEN,BACKEND moves it off the bench's addresses (its test;
+ * the harness does not pass it on).
  * Started with an IPC channel, the primary reports `{ admin: port }` once ready and leaves with
  * its parent.
  */
 async function main(): Promise<void> {
   const benchPorts = Object.values(SERVICES);
-  const [listenHost = PROXY_HOST, backendHost = BACKEND_HOST] = (process.env.FLOOR_RELAY_HOSTS ?? '').split(',').filter(Boolean);
+  const [listen, backend, ...extra] = (process.env.FLOOR_RELAY_HOSTS ?? '').split(',');
+  if (extra.length > 0) throw new Error(`FLOOR_RELAY_HOSTS: "${process.env.FLOOR_RELAY_HOSTS ?? ''}" is not LISTEN,BACKEND`);
+  const listenHost = listen || PROXY_HOST;
+  const backendHost = backend || BACKEND_HOST;
   // Gone with the parent, however it ends (a worker also before it has bound).
   if (process.connected) process.on('disconnect', () => process.exit(0));
   if (process.env.FLOOR_RELAY_WORKER === '1') {

@@ -29,6 +29,18 @@ function portFree(host: string, port: number): Promise<boolean> {
   });
 }
 
+/** The same for UDP: a socket without SO_REUSEPORT binds there. */
+function udpPortFree(host: string, port: number): Promise<boolean> {
+  return new Promise((resolve) => {
+    const probe = createSocket('udp4');
+    probe.once('error', () => {
+      probe.close();
+      resolve(false);
+    });
+    probe.bind(port, host, () => probe.close(() => resolve(true)));
+  });
+}
+
 /** The PIDs whose parent is `pid` (/proc/PID/stat's fourth field). */
 function childrenOf(pid: number): number[] {
   return readdirSync('/proc')
@@ -88,7 +100,11 @@ describe('floor relay', () => {
     });
     let stderr = '';
     relay.stderr?.on('data', (d: Buffer) => (stderr += d.toString()));
-    const exited = new Promise<number | null>((resolve) => relay.once('exit', resolve));
+    // A spawn that fails emits 'error' and maybe no 'exit': either ends the wait.
+    const exited = new Promise<number | null>((resolve) => {
+      relay.once('exit', resolve);
+      relay.once('error', () => resolve(null));
+    });
     cleanups.push(async () => {
       if (relay.exitCode === null && relay.signalCode === null) relay.kill('SIGKILL');
       await exited;
@@ -105,10 +121,13 @@ describe('floor relay', () => {
     expect(childrenOf(relay.pid as number)).toHaveLength(2);
     expect((await exchange(18080, '', listenHost)).toString()).toBe('from backend');
     expect(await portFree(listenHost, 18080)).toBe(false);
+    expect(await udpPortFree(listenHost, 15353)).toBe(false);
     relay.kill('SIGTERM');
     expect(await withDeadline(exited, 5000, 'the floor relay to exit on SIGTERM')).toBe(0);
     // Its workers went with it: nothing holds the ports.
     expect(await portFree(listenHost, 18080)).toBe(true);
     expect(await portFree(listenHost, 15201)).toBe(true);
+    expect(await udpPortFree(listenHost, 11111)).toBe(true);
+    expect(await udpPortFree(listenHost, 15353)).toBe(true);
   });
 });

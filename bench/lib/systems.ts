@@ -87,6 +87,8 @@ export function spawnProxy(ctx: Context, s: ProxyStart): Started {
     ...s.extraArgs,
   ];
   const env = { ...process.env };
+  // The floor relay's test-only address override must not move a bench's relay off its addresses.
+  delete env.FLOOR_RELAY_HOSTS;
   for (const e of ctx.options.proxyEnv) {
     const at = e.indexOf('=');
     env[e.slice(0, at)] = e.slice(at + 1);

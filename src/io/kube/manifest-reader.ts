@@ -343,8 +343,8 @@ const MAX_SPLICED = 1024;
 
 /**
  * items[from, from + count) replaced by `window`, in place: a new list per accepted read is a
- * large array straight into V8's old generation, and a file rewritten often then brings on the
- * mark-compacts that slow the reads around them (docs/scale.md, the file-churn row).
+ * large array (V8's large-object space, soon promoted), and a file rewritten often then brings on
+ * the mark-compacts that slow the reads around them (docs/scale.md, "What is left", file churn).
  */
 function replaceItems(items: Item[], from: number, count: number, window: readonly Item[]): void {
   if (window.length === count) {
