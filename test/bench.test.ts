@@ -135,6 +135,9 @@ describe('bench arithmetic', () => {
     expect(table).toMatch(/✓ keep-alive requests\/s/);
     expect(table).toContain('- HAProxy: not found');
     expect(table).toContain('27.5 (p99 150)');
+    // Each workload counts its own runs: --runs, --churn-runs and trials differ.
+    expect(table).toContain('keep-alive (3 runs)');
+    expect(table).toContain('move (4 trials)');
     const svg = renderChart(results);
     expect(svg.startsWith('<svg')).toBe(true);
     expect(svg.trimEnd().endsWith('</svg>')).toBe(true);

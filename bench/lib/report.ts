@@ -1,6 +1,6 @@
 import { findFigure } from './figures.js';
 import { SYSTEM_IDS, systemLabel } from './plan.js';
-import type { BenchResults, MetricDef, TargetResult } from './results.js';
+import type { BenchResults, MetricDef, TargetResult, WorkloadInfo } from './results.js';
 import type { Summary } from './stats.js';
 
 /** The terminal table (pure: results in, text out). */
@@ -50,10 +50,17 @@ export function targetLine(t: TargetResult): string {
   return `  ${mark(t)} ${t.text}: ${actual} (needs ${t.comparator} ${threshold}; ${t.note})`;
 }
 
+/** A workload's title with how many runs (trials, for a workload of many) its figures are the median of. */
+function titled(r: BenchResults, w: WorkloadInfo): string {
+  const n = Math.max(0, ...r.figures.filter((f) => f.workload === w.id).map((f) => f.values.length));
+  return `${w.title} (${n} ${w.p99 === true ? 'trial' : 'run'}${n === 1 ? '' : 's'})`;
+}
+
 export function renderTable(r: BenchResults): string {
   const out: string[] = [];
-  const { runs, workers } = (r.meta.options as { runs?: number; workers?: number } | undefined) ?? {};
-  out.push('', `Each figure: the median of ${runs ?? 'the'} runs, ± half the range between the slowest and the fastest run; (p99 …): the 99th percentile of the trials.`);
+  const { workers } = (r.meta.options as { workers?: number } | undefined) ?? {};
+  // Each workload says its own count: --runs, --churn-runs and the burst's runs differ.
+  out.push('', 'Each figure: the median of the runs (or trials) counted beside its title, ± half the range between the slowest and the fastest run; (p99 …): the 99th percentile of the trials.');
   out.push('↑ higher is better, ↓ lower is better. Ratios are proxy ÷ other, medians of the same run.');
   for (const w of r.workloads) {
     const systems = SYSTEM_IDS.filter((s) => r.figures.some((f) => f.workload === w.id && f.system === s));
@@ -61,7 +68,7 @@ export function renderTable(r: BenchResults): string {
     const metrics = w.metrics.filter((m) => r.figures.some((f) => f.workload === w.id && f.metric === m.key));
     if (systems.length === 1 && systems[0] === 'proxy') {
       // The proxy alone (the scale runs): one line per figure reads better than a wide row.
-      out.push('', w.title, ...table(metrics.map((m) => [header(m), cell(findFigure(r.figures, w.id, 'proxy', m.key), w.p99)])));
+      out.push('', titled(r, w), ...table(metrics.map((m) => [header(m), cell(findFigure(r.figures, w.id, 'proxy', m.key), w.p99)])));
       for (const f of r.runs.filter((x) => x.workload === w.id && x.error)) out.push(`  ! run ${f.run}: ${f.error}`);
       continue;
     }
@@ -74,7 +81,7 @@ export function renderTable(r: BenchResults): string {
         return ratio ? `${ratio.ratio.toFixed(2)}×` : '';
       })]);
     }
-    out.push('', w.title, ...table(rows));
+    out.push('', titled(r, w), ...table(rows));
     const failed = r.runs.filter((x) => x.workload === w.id && x.error);
     for (const f of failed) out.push(`  ! run ${f.run} via ${f.system}: ${f.error}`);
   }
