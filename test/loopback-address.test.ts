@@ -18,6 +18,9 @@ describe('loopback addresses per Service', () => {
 
   it('never hands out 127.0.0.0/16 or network/broadcast-looking addresses', () => {
     expect(isReservedLoopback('127.0.0.1')).toBe(true);
+    expect(isReservedLoopback('127.96.0.80')).toBe(false);
+    // Not a dotted quad: never an address to hand out.
+    expect(isReservedLoopback('127.96.80')).toBe(true);
     expect(loopbackAddressFor('default/a', ['10.0.0.1'], none)).not.toMatch(/^127\.0\./);
     expect(loopbackAddressFor('default/b', ['10.96.0.0'], none)).not.toBe('127.96.0.0');
   });

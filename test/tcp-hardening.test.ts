@@ -94,6 +94,13 @@ function fakeBatchTimer(): void {
   cleanups.push(() => vi.useRealTimers());
 }
 
+/** A socket dialed to a fresh backend by a DirectDialer with this keepalive, its batch timer faked. */
+async function batchDial(keepAliveMs: number): Promise<Socket> {
+  fakeBatchTimer();
+  const echo = await backend();
+  return new DirectDialer({ keepAliveMs }).dial(dialTo(echo.port));
+}
+
 function dialTo(port: number): DialRequest {
   return { endpoint: toEndpoint({ ip: LO, port }), clientAddress: LO, clientPort: 1, localAddress: LO, localPort: 2, timeoutMs: 1000 };
 }
@@ -143,10 +150,7 @@ describe('TCP keepalive on both legs', () => {
   });
 
   it('lets go of a socket as soon as it closes: the batch stops at the next tick', async () => {
-    fakeBatchTimer();
-    const echo = await backend();
-    const request = dialTo(echo.port);
-    const socket = await new DirectDialer({ keepAliveMs: 7000 }).dial(request);
+    const socket = await batchDial(7000);
     expect(vi.getTimerCount()).toBe(1);
     const closed = new Promise((resolve) => socket.once('close', resolve));
     socket.destroy();
@@ -156,10 +160,7 @@ describe('TCP keepalive on both legs', () => {
   });
 
   it('starts no batch timer with keepalive off', async () => {
-    fakeBatchTimer();
-    const echo = await backend();
-    const request = dialTo(echo.port);
-    const socket = await new DirectDialer({ keepAliveMs: 0 }).dial(request);
+    const socket = await batchDial(0);
     cleanups.push(() => socket.destroy());
     expect(vi.getTimerCount()).toBe(0);
   });

@@ -11,13 +11,11 @@
  */
 
 export function isReservedLoopback(addr: string): boolean {
+  // Both callers hand over a dotted quad (a cluster IP's last three octets, or a hashed address);
+  // anything else is never handed out. The octets are read between the dots, without the arrays
+  // split() would make: every Service's address passes here.
   const dots = threeDots(addr);
-  if (dots === undefined) {
-    const [, b, c, d] = addr.split('.').map(Number) as [number, number, number, number];
-    return b === 0 || d === 0 || d === 255 || (b === 255 && c === 255);
-  }
-  // Octets read between the dots, as split() would give them, without the arrays: every
-  // Service's address passes here.
+  if (dots === undefined) return true;
   const b = Number(addr.slice(dots[0] + 1, dots[1]));
   const c = Number(addr.slice(dots[1] + 1, dots[2]));
   const d = Number(addr.slice(dots[2] + 1));

@@ -1,4 +1,5 @@
 import { ipFamily, type IPFamily } from '../address.js';
+import { SweepRounds } from '../sweep-rounds.js';
 import type { ProxyUnit } from '../units.js';
 
 /** Which IP families a service port is served in, by `servicePort` key. */
@@ -66,7 +67,7 @@ export class FamilyBook {
   private readonly hints = new Map<string, readonly IPFamily[]>();
   /** The units `replace` was last given, by id (unique among running units), and the call that last saw each. */
   private readonly running = new Map<string, { unit: ProxyUnit; seen: number }>();
-  private generation = 0;
+  private readonly rounds = new SweepRounds();
   /** The same units by service port: one, or the two halves of a split one. */
   private readonly byServicePort = new Map<string, ProxyUnit[]>();
   /** Service ports `learn` wrote since the last `replace`: looked at again there. */
@@ -82,24 +83,23 @@ export class FamilyBook {
 
   /** Forgets everything but what these (the running) units say. */
   replace(units: Iterable<ProxyUnit>): void {
-    const generation = ++this.generation;
+    this.rounds.begin();
     const changed = new Set(this.learnt);
     this.learnt.clear();
-    let seen = 0;
     for (const u of units) {
       const before = this.running.get(u.id);
-      if (before !== undefined && before.seen !== generation) seen++;
       if (before?.unit === u) {
-        before.seen = generation;
+        this.rounds.mark(before);
         continue;
       }
       if (before !== undefined) {
+        this.rounds.mark(before);
         this.unfile(before.unit);
         changed.add(before.unit.servicePort);
+        before.unit = u;
       } else {
-        seen++;
+        this.running.set(u.id, { unit: u, seen: this.rounds.fresh() });
       }
-      this.running.set(u.id, { unit: u, seen: generation });
       const siblings = this.byServicePort.get(u.servicePort);
       if (siblings) {
         siblings.push(u);
@@ -112,14 +112,10 @@ export class FamilyBook {
         else this.hints.delete(u.servicePort);
       }
     }
-    if (seen !== this.running.size) {
-      for (const [id, { unit, seen: last }] of this.running) {
-        if (last === generation) continue;
-        this.running.delete(id);
-        this.unfile(unit);
-        changed.add(unit.servicePort);
-      }
-    }
+    this.rounds.sweep(this.running, ({ unit }) => {
+      this.unfile(unit);
+      changed.add(unit.servicePort);
+    });
     for (const key of changed) {
       const families = this.hintOf(key);
       if (families === undefined) this.hints.delete(key);

@@ -16,6 +16,7 @@ import { addressLeaf, addressPath, portLeaf, portPath, type TreeStep } from './d
 import { familyHints, portalFamilies, unitFamilies } from './families.js';
 import { acceptRule, compareIds, guardRule, hostRootJump, multiportRuns, renderContext, renderIptablesRules, type IptablesRenderInput, type RenderedRules } from './render-iptables.js';
 import { sameRules } from './sync-plan.js';
+import { SweepRounds } from '../sweep-rounds.js';
 import { unitRules, type UnitRulesContext } from './unit-rules.js';
 
 /**
@@ -91,7 +92,7 @@ interface UnitEntry {
   ownFamilies: boolean;
   parts: Part[];
   error: string | undefined;
-  /** The render that last saw the unit. */
+  /** The render that last saw the unit (SweepRounds). */
   seen: number;
 }
 
@@ -117,7 +118,7 @@ interface TreeNode {
 
 export class IncrementalRender {
   private context = '';
-  private generation = 0;
+  private readonly rounds = new SweepRounds();
   private readonly units = new Map<string, UnitEntry>();
   /** Every chain of every tree but the roots, by name. */
   private readonly nodes = new Map<string, TreeNode>();
@@ -134,43 +135,30 @@ export class IncrementalRender {
     const key = `${ctx.family}|${ctx.bindAddress}|${ctx.hostIP}|${ctx.nodePortDests.length}:${ctx.nodePortDests.map((d) => d ?? '*').join(',')}`;
     // Another family or another address in the rules: every unit's rules change, start afresh.
     if (key !== this.context || this.roots.length === 0) this.reset(key);
-    const generation = ++this.generation;
+    this.rounds.begin();
     const hints = input.hints ?? familyHints(input.targets.map((t) => t.unit));
-    let seen = 0;
     for (const { unit, proxyPort } of input.targets) {
       if (proxyPort === undefined) continue;
       const entry = this.units.get(unit.id);
       // Most units of most syncs: the same object on the same port. Its families are its own
       // portals' (units never change) unless it has no address, when its sibling's may have.
-      if (entry !== undefined && entry.unit === unit && entry.proxyPort === proxyPort && entry.ownFamilies && entry.seen !== generation) {
-        entry.seen = generation;
-        seen++;
-        continue;
-      }
+      if (entry !== undefined && entry.unit === unit && entry.proxyPort === proxyPort && entry.ownFamilies && this.rounds.mark(entry)) continue;
       const families = unitFamilies(unit, hints);
       if (entry === undefined) {
-        this.file(ctx, { unit, proxyPort, families, ownFamilies: portalFamilies(unit).length > 0, parts: [], error: undefined, seen: generation });
-      } else if (entry.seen === generation) {
+        this.file(ctx, { unit, proxyPort, families, ownFamilies: portalFamilies(unit).length > 0, parts: [], error: undefined, seen: this.rounds.fresh() });
+      } else if (!this.rounds.mark(entry)) {
         // Two units of one id: never from the unit set (a map by id), but the seam does not
         // promise it. The full render lists both; keep nothing from this one.
         this.reset('');
         return renderIptablesRules(input);
       } else if (entry.proxyPort === proxyPort && sameFamilies(entry.families, families) && (entry.unit === unit || sameShape(entry.unit, unit))) {
         entry.unit = unit;
-        entry.seen = generation;
       } else {
         this.withdraw(entry);
-        this.file(ctx, { unit, proxyPort, families, ownFamilies: portalFamilies(unit).length > 0, parts: [], error: undefined, seen: generation });
-      }
-      seen++;
-    }
-    if (seen !== this.units.size) {
-      for (const entry of this.units.values()) {
-        if (entry.seen === generation) continue;
-        this.withdraw(entry);
-        this.units.delete(entry.unit.id);
+        this.file(ctx, { unit, proxyPort, families, ownFamilies: portalFamilies(unit).length > 0, parts: [], error: undefined, seen: entry.seen });
       }
     }
+    this.rounds.sweep(this.units, (entry) => this.withdraw(entry));
     for (const node of this.dirty) if (!node.gone) this.renderChain(ctx, node);
     this.dirty.clear();
     return { chains: this.chains(), errors: this.errorList() };

@@ -8,6 +8,7 @@ import { previousProxyPorts } from '../../core/rules/previous-ports.js';
 import { IncrementalRender } from '../../core/rules/incremental-render.js';
 import { familyInUse, isWildcard, nodePortHoldHosts, proxyPortHosts } from '../../core/rules/render-iptables.js';
 import { planSync } from '../../core/rules/sync-plan.js';
+import { SweepRounds } from '../../core/sweep-rounds.js';
 import { portalKey, type ProxyUnit } from '../../core/units.js';
 import { UsageError } from '../../core/errors.js';
 import type { Logger } from '../../seams/logger.js';
@@ -71,7 +72,7 @@ export class IptablesPortal implements Portal {
    * and the sync that last saw the unit (0: none yet).
    */
   private readonly lastPorts = new Map<string, { port: number; seen: number }>();
-  private syncs = 0;
+  private readonly rounds = new SweepRounds();
   private readonly conntrack: Conntrack;
   /** `family|UDP unit id` -> the proxy port and portals its conntrack entries were last checked for. */
   private readonly checked = new Map<string, string>();
@@ -214,23 +215,18 @@ export class IptablesPortal implements Portal {
    * of every unit at every sync was the largest part of a sync that changed nothing.
    */
   private rememberPorts(units: readonly RunningUnitView[]): void {
-    const sync = ++this.syncs;
-    let remembered = 0;
+    this.rounds.begin();
     for (const { unit, proxyPort } of units) {
       const last = this.lastPorts.get(unit.id);
       if (last !== undefined) {
-        if (last.seen !== sync) remembered++;
-        last.seen = sync;
+        this.rounds.mark(last);
         if (proxyPort !== undefined) last.port = proxyPort;
       } else if (proxyPort !== undefined) {
-        this.lastPorts.set(unit.id, { port: proxyPort, seen: sync });
-        remembered++;
+        this.lastPorts.set(unit.id, { port: proxyPort, seen: this.rounds.fresh() });
       }
       if (proxyPort !== undefined && unit.protocol === 'TCP') this.servedTcpPorts.add(proxyPort);
     }
-    // Every remembered unit runs: nothing to forget.
-    if (remembered === this.lastPorts.size) return;
-    for (const [id, last] of this.lastPorts) if (last.seen !== sync) this.lastPorts.delete(id);
+    this.rounds.sweep(this.lastPorts);
   }
 
   /**
