@@ -1,6 +1,6 @@
 import { execFileSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
-import { connect, type Socket } from 'node:net';
+import { connect, Socket } from 'node:net';
 import { afterEach, describe, expect, it, vi } from 'vitest';
 import { toEndpoint } from '../src/core/model.js';
 import type { LoadBalancer } from '../src/core/balancer/load-balancer.js';
@@ -108,10 +108,13 @@ function dialTo(port: number): DialRequest {
 describe('TCP keepalive on both legs', () => {
   it('runs the keepalive timer on the accepted and the dialed socket, with the delay asked for', async () => {
     const echo = await backend();
-    const { port } = await proxyFor(FakeBalancer.of([echo.port]), { keepAliveMs: 7000, dialer: new DirectDialer({ keepAliveMs: 7000 }) });
+    const { proxy, port } = await proxyFor(FakeBalancer.of([echo.port]), { keepAliveMs: 7000, dialer: new DirectDialer({ keepAliveMs: 7000 }) });
     const { socket, got } = await connected(port);
     socket.write('x');
     await got.until(1);
+    // The accepted leg gets it at the second sweep the connection lives through.
+    proxy.sweep(1000);
+    proxy.sweep(2000);
     // Once every byte is acknowledged, the timer the kernel runs on an idle socket is keepalive's.
     const seen = await legsOnceThey(port, socket, echo.port, (l) => l.accepted?.timer === 2 && l.dialed?.timer === 2, 'keepalive timers on both proxy sockets');
     for (const leg of [seen.accepted, seen.dialed]) {
@@ -147,6 +150,41 @@ describe('TCP keepalive on both legs', () => {
     expect(goneKeepAlive).not.toHaveBeenCalled();
     // Nothing waits any more: the batch's timer is gone.
     expect(vi.getTimerCount()).toBe(0);
+  });
+
+  it('gives the accepted leg keepalive at the second sweep it lives through: a connection closed before never gets it', async () => {
+    const echo = await backend();
+    const { proxy, port } = await proxyFor(FakeBalancer.of([echo.port]), { keepAliveMs: 7000, dialer: new DirectDialer({ keepAliveMs: 0 }) });
+    const first = await connected(port);
+    first.socket.write('x');
+    await first.got.until(1);
+    const accepted = (): TcpRow | undefined => legs(port, first.socket, echo.port).accepted;
+    expect(accepted()?.timer).toBe(0);
+    proxy.sweep(1000); // it was accepted during this one
+    expect(accepted()?.timer).toBe(0);
+
+    // A second connection, closed before its second sweep: it leaves without keepalive.
+    const short = await connected(port);
+    short.socket.write('y');
+    await short.got.until(1);
+    const shortPort = short.socket.localPort;
+    const setKeepAlive = vi.spyOn(Socket.prototype, 'setKeepAlive');
+    cleanups.push(() => setKeepAlive.mockRestore());
+    short.socket.end();
+    await withDeadline(short.got.ended, 5000, 'the short connection to end');
+    await waitUntil(() => proxy.active() === 1, 'the short connection to be released');
+
+    proxy.sweep(2000); // the first's second sweep: it lived through a whole one
+    const leg = accepted();
+    expect(leg?.timer).toBe(2);
+    expect(leg?.ticks).toBeGreaterThan(0);
+    expect(leg?.ticks).toBeLessThanOrEqual(700);
+    // Once: the sweep that gave it keepalive, for the one connection still open.
+    expect(setKeepAlive).toHaveBeenCalledTimes(1);
+    expect(setKeepAlive.mock.contexts[0]).not.toHaveProperty('localPort', shortPort);
+    proxy.sweep(3000);
+    proxy.sweep(4000);
+    expect(setKeepAlive).toHaveBeenCalledTimes(1);
   });
 
   it('lets go of a socket as soon as it closes: the batch stops at the next tick', async () => {

@@ -123,6 +123,11 @@ export class TcpConnection {
   /** The half-closed directions: each FIN once passed on. */
   private clientFinPassed = false;
   private endpointFinPassed = false;
+  /**
+   * The port's sweeps this connection has seen while its client is without keepalive; -1 once the
+   * client has it (or needs it no more). See keepAliveOnceLived.
+   */
+  private sweepsWithoutKeepAlive = 0;
   /** The idle sweep's last reading of the byte counters (-1: none yet) and since when it held. */
   private idleMark = -1;
   private idleSinceMs = 0;
@@ -255,6 +260,23 @@ export class TcpConnection {
     if (this.ctx.debugEnabled()) this.ctx.log().debug({ client: this.clientIP, endpoint: this.endpoint?.addr, idleMs: nowMs - this.idleSinceMs }, 'idle: closing');
     c.destroy();
     u.destroy();
+  }
+
+  /** The client does not have keepalive yet (meaningful while the port asks for it). */
+  get awaitsKeepAlive(): boolean {
+    return this.sweepsWithoutKeepAlive >= 0;
+  }
+
+  /**
+   * From the port's sweep, while the port asks for keepalive: at the second sweep the connection
+   * lives through, its client is given keepalive with this delay (accepted by then, so connected).
+   * True when the client has it now and awaits it no more.
+   */
+  keepAliveOnceLived(delayMs: number): boolean {
+    if (this.sweepsWithoutKeepAlive < 0 || this.sweepsWithoutKeepAlive++ === 0) return false;
+    this.sweepsWithoutKeepAlive = -1;
+    if (!this.client.destroyed) this.client.setKeepAlive(true, delayMs);
+    return true;
   }
 
   // --- dialing --------------------------------------------------------------------------------

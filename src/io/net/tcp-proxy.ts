@@ -32,7 +32,8 @@ export interface TcpProxySocketOptions {
   /**
    * TCP keepalive on accepted clients: probes after this long without traffic, so a client that
    * vanished without FIN or RST is found out (Go's 15 s). Whole seconds (the kernel's unit);
-   * 0 turns it off. The endpoint side is the dialer's (DirectDialer's keepAliveMs).
+   * 0 turns it off. Set on a client once it has lived through two sweeps (see sweepKeepAlive).
+   * The endpoint side is the dialer's (DirectDialer's keepAliveMs).
    */
   keepAliveMs?: number;
   /** Close a connection after this long without a byte either way; 0 (the default) never does. */
@@ -76,7 +77,10 @@ export class TcpProxySocket implements ProxySocket, TcpHandOff, TcpConnectionCon
   private readonly parentLog: Logger;
   private readonly name: string;
   private childLog: Logger | undefined;
+  /** The keepalive delay for accepted clients, in whole seconds' milliseconds; 0: none. */
   private readonly keepAliveMs: number;
+  /** Connections whose client is still without keepalive (see sweepKeepAlive). */
+  private awaitingKeepAlive = 0;
   private readonly idleTimeoutMs: number;
   private readonly backlog: number;
   /** The next sweep time at which idle connections are looked for. */
@@ -111,7 +115,9 @@ export class TcpProxySocket implements ProxySocket, TcpHandOff, TcpConnectionCon
     this.stats = opts.stats ?? new ServicePortStats();
     this.parentLog = opts.logger;
     this.name = opts.name;
-    this.keepAliveMs = opts.keepAliveMs ?? DEFAULT_TCP_KEEPALIVE_MS;
+    const keepAliveMs = opts.keepAliveMs ?? DEFAULT_TCP_KEEPALIVE_MS;
+    // Node passes whole seconds on; under one, the kernel would keep its default of two hours.
+    this.keepAliveMs = keepAliveMs > 0 ? Math.max(1, Math.floor(keepAliveMs / 1000)) * 1000 : 0;
     this.idleTimeoutMs = opts.idleTimeoutMs ?? 0;
     this.backlog = opts.backlog ?? listenBacklog();
     this.holdMs = opts.holdWhenEmptyMs ?? 0;
@@ -157,7 +163,6 @@ export class TcpProxySocket implements ProxySocket, TcpHandOff, TcpConnectionCon
       // ipv6Only: a listener on :: must not also take the IPv4 port, which another listener may hold.
       server.listen({ host: addr.host, port: addr.port, ipv6Only: addr.host.includes(':'), backlog: this.backlog, reusePort: this.reusePort }, () => {
         server.off('error', reject);
-        this.keepAliveOnAccepted(server);
         // A fixed port on an IPv4 literal is bound as asked; only port 0 (or an IPv6 spelling) needs
         // the getsockname() round trip, which is a few percent of start-up at 10,000 service ports.
         const info = addr.port !== 0 && isIPv4(addr.host) ? undefined : (server.address() as AddressInfo);
@@ -168,22 +173,6 @@ export class TcpProxySocket implements ProxySocket, TcpHandOff, TcpConnectionCon
         resolve(bound);
       });
     });
-  }
-
-  /**
-   * Keepalive for accepted clients, set once on the listening socket: Linux copies a listener's
-   * socket options (SO_KEEPALIVE and the TCP_KEEP* timings among them) to every socket accept()
-   * returns, with the keepalive timer running. Node's own keepAlive option would set them again on
-   * each accepted socket: four setsockopt() calls per connection, about 2 µs of CPU. Node offers no
-   * public call on a listening socket, hence its handle; a server without a TCP handle of its own
-   * (a cluster worker under round-robin scheduling) sets it on each accepted socket instead.
-   */
-  private keepAliveOnAccepted(server: Server): void {
-    if (this.keepAliveMs <= 0) return;
-    const handle = (server as unknown as { _handle?: { setKeepAlive?: (on: boolean, delaySeconds: number) => number } })._handle;
-    const seconds = Math.max(1, Math.floor(this.keepAliveMs / 1000));
-    if (typeof handle?.setKeepAlive === 'function' && handle.setKeepAlive(true, seconds) === 0) return;
-    server.prependListener('connection', (client: Socket) => client.setKeepAlive(true, seconds * 1000));
   }
 
   addresses(): BoundAddress[] {
@@ -239,6 +228,7 @@ export class TcpProxySocket implements ProxySocket, TcpHandOff, TcpConnectionCon
    * connection (the proxier's one coarse timer calls this).
    */
   sweep(nowMs: number): void {
+    if (this.awaitingKeepAlive > 0) this.sweepKeepAlive();
     if (this.held.size > 0) this.sweepHeld(nowMs);
     if (this.idleTimeoutMs <= 0 || nowMs < this.nextIdleCheckMs) return;
     this.nextIdleCheckMs = nowMs + Math.min(this.idleTimeoutMs / 10, 10_000);
@@ -246,13 +236,26 @@ export class TcpProxySocket implements ProxySocket, TcpHandOff, TcpConnectionCon
   }
 
   /**
+   * Keepalive for the clients that have lived through two sweeps (one to two seconds, at the
+   * sweep's pace of about one a second): keepalive only matters to a connection idle for the whole
+   * delay (15 s by default), so a short connection, the common kind, never needs it, and a
+   * listener's own setting (which Linux copies to every socket accept() returns) would cost four
+   * setsockopt() calls per listening port at start-up: 80 ms at 10,000 service ports. A client is
+   * never touched while no connection of the port awaits it; while some do, every open one is
+   * looked at (one field) once a sweep.
+   */
+  private sweepKeepAlive(): void {
+    for (const conn of this.conns) if (conn.keepAliveOnceLived(this.keepAliveMs)) this.awaitingKeepAlive--;
+  }
+
+  /**
    * TcpHandOff: a client accepted by the SOCKS/CONNECT front, taken as a listener's would be. Its
-   * listener's options are set here instead (keepalive, no Nagle), since no listener of ours made it.
+   * listener's option is set here instead (no Nagle), since no listener of ours made it; keepalive
+   * comes as to every client (sweepKeepAlive).
    */
   adopt(client: Socket, written: number): boolean {
     if (this.closed) return false;
     client.setNoDelay(true);
-    if (this.keepAliveMs > 0) client.setKeepAlive(true, Math.max(1, Math.floor(this.keepAliveMs / 1000)) * 1000);
     // The front's client: where it connected is the front, not a Service address of ours.
     this.accept(client, UNKNOWN_DESTINATION, written);
     return true;
@@ -263,6 +266,7 @@ export class TcpProxySocket implements ProxySocket, TcpHandOff, TcpConnectionCon
     this.stats.active++;
     const conn = new TcpConnection(this, client, to, written);
     this.conns.add(conn);
+    if (this.keepAliveMs > 0) this.awaitingKeepAlive++;
     conn.start();
   }
 
@@ -356,6 +360,7 @@ export class TcpProxySocket implements ProxySocket, TcpHandOff, TcpConnectionCon
 
   released(conn: TcpConnection): void {
     this.conns.delete(conn);
+    if (this.keepAliveMs > 0 && conn.awaitsKeepAlive) this.awaitingKeepAlive--;
     this.stats.active--;
     if (this.conns.size === 0) this.notifyDrained();
   }
