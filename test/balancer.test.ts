@@ -120,6 +120,21 @@ describe('RoundRobinBalancer: round-robin', () => {
     expect(picks(1)).toEqual([B.addr]);
   });
 
+  it('makes a first list into slots at its first use: a list replaced before any is never shuffled', () => {
+    const random = counting(identity);
+    const { lb, picks } = setup(random);
+    lb.setEndpoints([A, B, C]);
+    lb.setEndpoints([A, B, D]);
+    lb.setEndpoints([D, B, A]); // the same set as the pending one: nothing to do
+    expect(random.calls).toBe(0);
+    expect(picks(4)).toEqual([A.addr, B.addr, D.addr, A.addr]);
+    expect(random.calls).toBeGreaterThan(0);
+    // From then on a change applies at once: counts and health carry over.
+    const calls = random.calls;
+    lb.setEndpoints([A, B]);
+    expect(random.calls).toBeGreaterThan(calls);
+  });
+
   it('counts a same-size set with a different member as changed', () => {
     const { lb, picks } = setup();
     lb.setEndpoints([A, B, C]);

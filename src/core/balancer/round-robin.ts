@@ -126,6 +126,14 @@ export class RoundRobinBalancer implements LoadBalancer {
   private failing = 0;
   /** Client IPs whose entries the siblings have not heard of yet (shared balancing). */
   private unshared: Set<string> = NO_CLIENTS;
+  /**
+   * A list given while the balancer kept nothing of an earlier one (its first, at start-up), not
+   * made into slots yet: that is done when the balancer is first used (a pick, a report, a look at
+   * its endpoints or load), by settle(). Every service port gets a list at start-up and most see no
+   * connection for a while; their slots and handles were a twentieth of start-up at 10,000 service
+   * ports of 10 endpoints.
+   */
+  private pending: Endpoint[] | undefined;
 
   constructor(deps: BalancerDeps) {
     this.clock = deps.clock;
@@ -137,6 +145,7 @@ export class RoundRobinBalancer implements LoadBalancer {
 
   /** A snapshot: a changed set replaces the array, so callers may hold on to it. */
   get endpoints(): readonly Endpoint[] {
+    if (this.pending !== undefined) this.settle();
     return this.list;
   }
 
@@ -146,7 +155,25 @@ export class RoundRobinBalancer implements LoadBalancer {
 
   setEndpoints(endpoints: readonly Endpoint[]): void {
     const items = uniqueByAddr(endpoints);
-    if (sameAddrs(this.list, items)) return;
+    if (sameAddrs(this.pending ?? this.list, items)) return;
+    // Nothing to carry over (no slot listed, none counting connections): the slots can wait.
+    if (this.byAddr.size === 0 && items.length > 0) {
+      this.pending = items;
+      return;
+    }
+    this.pending = undefined;
+    this.apply(items);
+  }
+
+  /** The pending list made into slots (see `pending`). */
+  private settle(): void {
+    const items = this.pending as Endpoint[];
+    this.pending = undefined;
+    this.apply(items);
+  }
+
+  /** A changed set, unique by address: a new list. */
+  private apply(items: Endpoint[]): void {
     // A fresh shuffle per change keeps many proxies from all starting on the same endpoint. Workers
     // of one node shuffle a set alike (seeded by the set) and start at their own places in it.
     const shared = this.shared;
@@ -175,6 +202,7 @@ export class RoundRobinBalancer implements LoadBalancer {
   }
 
   nextEndpoint(clientIP: string, sessionAffinityReset: boolean): Endpoint | undefined {
+    if (this.pending !== undefined) this.settle();
     if (this.slots.length === 0) return undefined;
     if (this.ejected > 0) this.returnDue();
     // Runs per connection: the None path must stay free of allocation.
@@ -192,6 +220,7 @@ export class RoundRobinBalancer implements LoadBalancer {
   }
 
   release(endpoint: Endpoint): void {
+    // (While a list is pending nothing was handed out since the last: nothing to release.)
     const slot = this.slotOf(endpoint);
     if (slot === undefined || slot.active === 0) return;
     slot.active--;
@@ -199,6 +228,7 @@ export class RoundRobinBalancer implements LoadBalancer {
   }
 
   reportDial(endpoint: Endpoint, ok: boolean): boolean {
+    if (this.pending !== undefined) this.settle();
     if (ok) {
       if (this.failing === 0) return false;
       const slot = this.slotOf(endpoint);
@@ -239,6 +269,7 @@ export class RoundRobinBalancer implements LoadBalancer {
 
   mergeSticky(updates: readonly StickyUpdate[]): void {
     if (this.affinityType === 'None' || updates.length === 0) return;
+    if (this.pending !== undefined) this.settle();
     const now = this.clock.now();
     for (const u of updates) {
       // An endpoint this worker does not have (yet, or any more): its own endpoint set decides.
@@ -270,6 +301,7 @@ export class RoundRobinBalancer implements LoadBalancer {
   }
 
   load(): EndpointLoad[] {
+    if (this.pending !== undefined) this.settle();
     const now = this.ejected > 0 ? this.clock.now() : 0;
     return this.slots.map((s) => ({ addr: s.handle.addr, active: s.active, setAsideMs: s.ejectedUntil > now ? s.ejectedUntil - now : 0 }));
   }
