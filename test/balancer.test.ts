@@ -125,9 +125,9 @@ describe('RoundRobinBalancer: round-robin', () => {
     const { lb, picks } = setup(random);
     lb.setEndpoints([A, B, C]);
     lb.setEndpoints([A, B, D]);
-    lb.setEndpoints([D, B, A]); // the same set as the pending one: nothing to do
+    lb.setEndpoints([D, B, D, A]); // the last list given is the one made into slots, duplicates dropped
     expect(random.calls).toBe(0);
-    expect(picks(4)).toEqual([A.addr, B.addr, D.addr, A.addr]);
+    expect(picks(4)).toEqual([D.addr, B.addr, A.addr, D.addr]);
     expect(random.calls).toBeGreaterThan(0);
     // From then on a change applies at once: counts and health carry over.
     const calls = random.calls;

@@ -133,7 +133,7 @@ export class RoundRobinBalancer implements LoadBalancer {
    * connection for a while; their slots and handles were a twentieth of start-up at 10,000 service
    * ports of 10 endpoints.
    */
-  private pending: Endpoint[] | undefined;
+  private pending: readonly Endpoint[] | undefined;
 
   constructor(deps: BalancerDeps) {
     this.clock = deps.clock;
@@ -154,20 +154,21 @@ export class RoundRobinBalancer implements LoadBalancer {
   }
 
   setEndpoints(endpoints: readonly Endpoint[]): void {
-    const items = uniqueByAddr(endpoints);
-    if (sameAddrs(this.pending ?? this.list, items)) return;
-    // Nothing to carry over (no slot listed, none counting connections): the slots can wait.
-    if (this.byAddr.size === 0 && items.length > 0) {
-      this.pending = items;
+    // Nothing to carry over (no slot listed, none counting connections): all of it can wait, the
+    // list kept as given (the caller's lists are not changed once handed over: a plan's units).
+    if (this.byAddr.size === 0 && endpoints.length > 0) {
+      this.pending = endpoints;
       return;
     }
     this.pending = undefined;
+    const items = uniqueByAddr(endpoints);
+    if (sameAddrs(this.list, items)) return;
     this.apply(items);
   }
 
   /** The pending list made into slots (see `pending`). */
   private settle(): void {
-    const items = this.pending as Endpoint[];
+    const items = uniqueByAddr(this.pending as readonly Endpoint[]);
     this.pending = undefined;
     this.apply(items);
   }
