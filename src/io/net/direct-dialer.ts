@@ -29,7 +29,7 @@ export interface DirectDialerOptions {
  * (see KEEPALIVE_AFTER_MS): one timer for the dialer, not one per connection, and running only
  * while sockets wait. A socket leaves the batch when it closes, so a short connection is not kept
  * reachable (and promoted to the old generation) for the second it would otherwise wait. The
- * accepted leg gets keepalive for free from the listening socket.
+ * accepted leg gets keepalive the same way, from its port's sweep (TcpProxySocket.sweepKeepAlive).
  */
 export class DirectDialer implements Dialer {
   private readonly keepAliveDelayMs: number;
