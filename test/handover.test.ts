@@ -86,10 +86,14 @@ const VARIANTS = [
   { name: '--workers 2', portal: 'loopback', host: HO.loopbackIP, extra: ['--workers', '2'] as string[], long: FULL ? 1000 : 100, restarts: FULL ? 20 : 3, skip: netnsSkipReason },
 ] as const;
 
-/** Each test's namespace and load generator, removed after it whatever happened. */
+/** Each test's namespace, load generator and stand-in process, removed after it whatever happened. */
 let node: HandoverNode | undefined;
 let load: Load | undefined;
+/** A test's own stand-in for an old process: killed here too, since a test that times out never reaches its finally. */
+let standIn: { kill(signal: NodeJS.Signals): boolean } | undefined;
 afterEach(async () => {
+  standIn?.kill('SIGKILL');
+  standIn = undefined;
   load?.kill();
   await node?.destroy();
   node = undefined;
@@ -240,6 +244,7 @@ describe('hand-over faults', () => {
     const { spawn } = await import('node:child_process');
     const script = `require('node:net').createServer((s) => s.once('data', () => { s.write(JSON.stringify({ t: 'welcome', pid: process.pid, version: 'old', proxyPorts: [] }) + '\\n'); process.stdout.write('welcomed\\n'); })).listen(${JSON.stringify(node.socket)});`;
     const fake = spawn(process.execPath, ['-e', script], { stdio: ['ignore', 'pipe', 'inherit'] });
+    standIn = fake;
     const fakeExited = new Promise<void>((resolve) => fake.once('exit', () => resolve()));
     try {
       await waitFor(async () => (await import('node:fs/promises')).stat(node!.socket).then(() => true, () => false), 'the fake old process to listen');
