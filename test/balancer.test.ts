@@ -126,6 +126,8 @@ describe('RoundRobinBalancer: round-robin', () => {
     lb.setEndpoints([A, B, C]);
     lb.setEndpoints([A, B, D]);
     lb.setEndpoints([D, B, D, A]); // the last list given is the one made into slots, duplicates dropped
+    // Its load (GET /services) is read as it waits: nothing handed out, nothing set aside.
+    expect(lb.load()).toEqual([D, B, A].map((e) => ({ addr: e.addr, active: 0, setAsideMs: 0 })));
     expect(random.calls).toBe(0);
     expect(picks(4)).toEqual([D.addr, B.addr, A.addr, D.addr]);
     expect(random.calls).toBeGreaterThan(0);

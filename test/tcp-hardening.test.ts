@@ -8,6 +8,7 @@ import type { DialRequest } from '../src/seams/dialer.js';
 import { DirectDialer } from '../src/io/net/direct-dialer.js';
 import { backlogFromSomaxconn } from '../src/io/net/listen-backlog.js';
 import { TcpProxySocket, type TcpProxySocketOptions } from '../src/io/net/tcp-proxy.js';
+import { TcpConnection } from '../src/io/net/tcp-connection.js';
 import { FakeBalancer } from './helpers/fake-balancer.js';
 import { captureLogger, connectTo, tcpBackend, waitUntil, withDeadline } from './helpers/proxy-fixtures.js';
 
@@ -181,10 +182,31 @@ describe('TCP keepalive on both legs', () => {
     expect(leg?.ticks).toBeLessThanOrEqual(700);
     // Once: the sweep that gave it keepalive, for the one connection still open.
     expect(setKeepAlive).toHaveBeenCalledTimes(1);
-    expect(setKeepAlive.mock.contexts[0]).not.toHaveProperty('localPort', shortPort);
+    expect(setKeepAlive.mock.contexts[0]).toHaveProperty('remotePort', first.socket.localPort);
+    expect(shortPort).not.toBe(first.socket.localPort);
+    // None awaits keepalive any more (the short one left the count when it closed): later sweeps
+    // look at no connection.
+    const looked = vi.spyOn(TcpConnection.prototype, 'keepAliveOnceLived');
+    cleanups.push(() => looked.mockRestore());
     proxy.sweep(3000);
     proxy.sweep(4000);
+    expect(looked).not.toHaveBeenCalled();
     expect(setKeepAlive).toHaveBeenCalledTimes(1);
+  });
+
+  it('gives keepalive at once to the clients still without it when the port closes (no sweep comes at shutdown)', async () => {
+    const echo = await backend();
+    const { proxy, port } = await proxyFor(FakeBalancer.of([echo.port]), { keepAliveMs: 7000, dialer: new DirectDialer({ keepAliveMs: 0 }) });
+    const { socket, got } = await connected(port);
+    socket.write('x');
+    await got.until(1);
+    expect(legs(port, socket, echo.port).accepted?.timer).toBe(0);
+    await proxy.close();
+    // The listener is gone; the connection lives on, now with keepalive.
+    const seen = await legsOnceThey(port, socket, echo.port, (l) => l.accepted?.timer === 2, 'keepalive on the accepted socket');
+    expect(seen.accepted?.ticks).toBeLessThanOrEqual(700);
+    socket.write('y');
+    await got.until(2);
   });
 
   it('lets go of a socket as soon as it closes: the batch stops at the next tick', async () => {

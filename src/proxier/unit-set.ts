@@ -1,4 +1,4 @@
-import type { LoadBalancer, BalancerFactory, BalancerDeps } from '../core/balancer/load-balancer.js';
+import type { LoadBalancer, BalancerFactory, BalancerDeps, EndpointLoad } from '../core/balancer/load-balancer.js';
 import type { Clock, RandomSource } from '../core/clock.js';
 import { hostPort } from '../core/address.js';
 import { formatDuration } from '../core/duration.js';
@@ -398,8 +398,8 @@ export class LocalUnitSet implements UnitSet, AffinityShare, TcpHandOffs {
 
   /**
    * The one coarse timer: idle UDP sessions every tick (a fraction of --udp-timeout); TCP holds,
-   * --tcp-idle-timeout and expired affinity about once a second, which their durations (seconds)
-   * allow. At 10,000 TCP service ports a tick over every unit cost ~1% of a core while idle.
+   * --tcp-idle-timeout, keepalive for clients that lived 1-2 s and expired affinity about once a
+   * second, which their durations (seconds) allow. At 10,000 TCP service ports a tick over every unit cost ~1% of a core while idle.
    */
   private sweep(): void {
     // The sockets stamp activity with performance.now(): the sweep reads the same clock.
@@ -425,6 +425,7 @@ function isHandOff(socket: ProxySocket): socket is ProxySocket & TcpHandOff {
 }
 
 function unitStatus(ru: RunningUnit): UnitStatus {
+  const load = ru.balancer.load();
   return {
     name: ru.unit.id,
     servicePort: ru.unit.servicePort,
@@ -433,10 +434,12 @@ function unitStatus(ru: RunningUnit): UnitStatus {
     portals: ru.unit.portals,
     reachable: ru.listeners.filter((l) => l.bound && !l.spec.proxyPort).map((l) => hostPort(l.bound as BoundAddress)),
     proxyPort: ru.proxyPort ?? null,
-    endpoints: ru.balancer.endpoints.map((e: Endpoint) => e.addr),
+    // From load(), which reads a balancer's first list without making it into slots (GET
+    // /services must not undo the start-up's saving at 10,000 ports).
+    endpoints: load.map((l) => l.addr),
     sessionAffinity: ru.unit.affinity.type,
     loadBalancer: ru.unit.loadBalancer ?? 'round-robin',
-    setAside: setAside(ru.balancer),
+    setAside: setAside(load),
     ...(ru.unit.holdWhenEmptyMs === undefined ? {} : { holdWhenEmpty: formatDuration(ru.unit.holdWhenEmptyMs) }),
     ...(ru.unit.proxyProtocol === undefined ? {} : { proxyProtocol: ru.unit.proxyProtocol }),
     held: ru.stats.held,
@@ -446,10 +449,10 @@ function unitStatus(ru: RunningUnit): UnitStatus {
   };
 }
 
-function setAside(balancer: LoadBalancer): UnitStatus['setAside'] {
+function setAside(load: readonly EndpointLoad[]): UnitStatus['setAside'] {
   const out: UnitStatus['setAside'] = [];
   const now = Date.now();
-  for (const l of balancer.load()) if (l.setAsideMs > 0) out.push({ endpoint: l.addr, until: new Date(now + l.setAsideMs).toISOString() });
+  for (const l of load) if (l.setAsideMs > 0) out.push({ endpoint: l.addr, until: new Date(now + l.setAsideMs).toISOString() });
   return out;
 }
 

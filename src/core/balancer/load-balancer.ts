@@ -54,7 +54,10 @@ export interface LoadBalancer {
    * A failure that is the proxy's own (out of descriptors) is not reported.
    */
   reportDial(endpoint: Endpoint, ok: boolean): boolean;
-  /** Per endpoint, in list order: connection counts and what is set aside (/services). */
+  /**
+   * Per endpoint, in list order: connection counts and what is set aside (/services). Reading it
+   * does not make a first list, not used yet, into the balancer's own (its given order then).
+   */
   load(): EndpointLoad[];
   /**
    * Sticky entries made, moved or still in use since the last call, for the sibling workers

@@ -302,7 +302,8 @@ export class RoundRobinBalancer implements LoadBalancer {
   }
 
   load(): EndpointLoad[] {
-    if (this.pending !== undefined) this.settle();
+    // A first list not used yet: nothing handed out, nothing set aside; read as it waits.
+    if (this.pending !== undefined) return uniqueByAddr(this.pending).map((e) => ({ addr: e.addr, active: 0, setAsideMs: 0 }));
     const now = this.ejected > 0 ? this.clock.now() : 0;
     return this.slots.map((s) => ({ addr: s.handle.addr, active: s.active, setAsideMs: s.ejectedUntil > now ? s.ejectedUntil - now : 0 }));
   }

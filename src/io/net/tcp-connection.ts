@@ -274,6 +274,12 @@ export class TcpConnection {
    */
   keepAliveOnceLived(delayMs: number): boolean {
     if (this.sweepsWithoutKeepAlive < 0 || this.sweepsWithoutKeepAlive++ === 0) return false;
+    return this.keepAliveNow(delayMs);
+  }
+
+  /** Keepalive for the client now, if it awaits it (the port closes: no sweep will come). */
+  keepAliveNow(delayMs: number): boolean {
+    if (this.sweepsWithoutKeepAlive < 0) return false;
     this.sweepsWithoutKeepAlive = -1;
     if (!this.client.destroyed) this.client.setKeepAlive(true, delayMs);
     return true;
