@@ -207,6 +207,12 @@ describe('TCP keepalive on both legs', () => {
     expect(seen.accepted?.ticks).toBeLessThanOrEqual(700);
     socket.write('y');
     await got.until(2);
+    // None awaits it any more: a closed port's sweeps (a retired one is still swept) look at none.
+    const looked = vi.spyOn(TcpConnection.prototype, 'keepAliveOnceLived');
+    cleanups.push(() => looked.mockRestore());
+    proxy.sweep(1000);
+    proxy.sweep(2000);
+    expect(looked).not.toHaveBeenCalled();
   });
 
   it('lets go of a socket as soon as it closes: the batch stops at the next tick', async () => {

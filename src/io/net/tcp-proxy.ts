@@ -196,14 +196,17 @@ export class TcpProxySocket implements ProxySocket, TcpHandOff, TcpConnectionCon
   async close(): Promise<void> {
     this.closed = true;
     for (const bound of this.addresses()) await this.unlisten(bound);
-    // At shutdown the sweep stops while the connections drain: those still without keepalive get it
-    // now, so a client that vanished is found out within the grace period as before.
-    if (this.awaitingKeepAlive > 0) {
-      for (const conn of this.conns) if (conn.keepAliveNow(this.keepAliveMs)) this.awaitingKeepAlive--;
-    }
     for (const conn of this.held) {
       this.holdEnded(conn);
       conn.expireHold();
+    }
+    // At shutdown the sweep stops while the connections drain: those still without keepalive get
+    // it now (the held ones, just reset, are only counted down). It finds a vanished client only
+    // when the grace period outlasts the keepalive delay and probes (15 s and more by default,
+    // against a 10 s grace), as before this moved to the sweep. A retired port is still swept:
+    // there it only comes a sweep or two early.
+    if (this.awaitingKeepAlive > 0) {
+      for (const conn of this.conns) if (conn.keepAliveNow(this.keepAliveMs)) this.awaitingKeepAlive--;
     }
   }
 
