@@ -102,17 +102,23 @@ async function batchDial(keepAliveMs: number): Promise<Socket> {
   return new DirectDialer({ keepAliveMs }).dial(dialTo(echo.port));
 }
 
+/** A proxy to a fresh echo backend with one connection through it that has relayed a byte each way. */
+async function relayedOnce(opts: Partial<TcpProxySocketOptions>) {
+  const echo = await backend();
+  const { proxy, port } = await proxyFor(FakeBalancer.of([echo.port]), opts);
+  const { socket, got } = await connected(port);
+  socket.write('x');
+  await got.until(1);
+  return { proxy, port, echo, socket, got };
+}
+
 function dialTo(port: number): DialRequest {
   return { endpoint: toEndpoint({ ip: LO, port }), clientAddress: LO, clientPort: 1, localAddress: LO, localPort: 2, timeoutMs: 1000 };
 }
 
 describe('TCP keepalive on both legs', () => {
   it('runs the keepalive timer on the accepted and the dialed socket, with the delay asked for', async () => {
-    const echo = await backend();
-    const { proxy, port } = await proxyFor(FakeBalancer.of([echo.port]), { keepAliveMs: 7000, dialer: new DirectDialer({ keepAliveMs: 7000 }) });
-    const { socket, got } = await connected(port);
-    socket.write('x');
-    await got.until(1);
+    const { proxy, port, echo, socket } = await relayedOnce({ keepAliveMs: 7000, dialer: new DirectDialer({ keepAliveMs: 7000 }) });
     // The accepted leg gets it at the second sweep the connection lives through.
     proxy.sweep(1000);
     proxy.sweep(2000);
@@ -195,11 +201,7 @@ describe('TCP keepalive on both legs', () => {
   });
 
   it('gives keepalive at once to the clients still without it when the port closes (no sweep comes at shutdown)', async () => {
-    const echo = await backend();
-    const { proxy, port } = await proxyFor(FakeBalancer.of([echo.port]), { keepAliveMs: 7000, dialer: new DirectDialer({ keepAliveMs: 0 }) });
-    const { socket, got } = await connected(port);
-    socket.write('x');
-    await got.until(1);
+    const { proxy, port, echo, socket, got } = await relayedOnce({ keepAliveMs: 7000, dialer: new DirectDialer({ keepAliveMs: 0 }) });
     expect(legs(port, socket, echo.port).accepted?.timer).toBe(0);
     await proxy.close();
     // The listener is gone; the connection lives on, now with keepalive.
@@ -232,11 +234,7 @@ describe('TCP keepalive on both legs', () => {
   });
 
   it('is off on both legs with 0', async () => {
-    const echo = await backend();
-    const { port } = await proxyFor(FakeBalancer.of([echo.port]), { keepAliveMs: 0, dialer: new DirectDialer({ keepAliveMs: 0 }) });
-    const { socket, got } = await connected(port);
-    socket.write('x');
-    await got.until(1);
+    const { port, echo, socket } = await relayedOnce({ keepAliveMs: 0, dialer: new DirectDialer({ keepAliveMs: 0 }) });
     await legsOnceThey(port, socket, echo.port, (l) => l.accepted?.timer === 0 && l.dialed?.timer === 0, 'no timer on either proxy socket');
   });
 });
