@@ -129,9 +129,9 @@ export class RoundRobinBalancer implements LoadBalancer {
   /**
    * A list given while the balancer kept nothing of an earlier one (its first, at start-up), not
    * made into slots yet: that is done when the balancer is first used (a pick, a report, a sticky
-   * merge, a look at its endpoints), by settle(); load() reads it as it waits. Every service port gets a list at start-up and most see no
-   * connection for a while; their slots and handles were a twentieth of start-up at 10,000 service
-   * ports of 10 endpoints.
+   * merge, a look at its endpoints), by settle(); load() reads it as it waits. Every service port
+   * gets a list at start-up and most see no connection for a while; their slots and handles were a
+   * twentieth of start-up at 10,000 service ports of 10 endpoints.
    */
   private pending: readonly Endpoint[] | undefined;
 
