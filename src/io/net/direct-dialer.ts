@@ -5,6 +5,14 @@ import type { Dialer, DialRequest } from '../../seams/dialer.js';
 export const DEFAULT_TCP_KEEPALIVE_MS = 15_000;
 
 /**
+ * A keepalive delay as the kernel takes it: whole seconds (Node passes ms / 1000 on, floored),
+ * at least one (0 would leave the kernel's default of two hours); 0 for off. Both legs use it.
+ */
+export function keepAliveDelayMs(ms: number): number {
+  return ms > 0 ? Math.max(1, Math.floor(ms / 1000)) * 1000 : 0;
+}
+
+/**
  * How long a dialed socket lives before it is given keepalive: a second to two (the batch's tick).
  * Keepalive only matters to a connection idle for the whole keepalive delay (15 s by default), so
  * one that ends within a second never needs it, and a short connection, the common kind, is spared
@@ -41,9 +49,7 @@ export class DirectDialer implements Dialer {
   private readonly forget: (this: Socket) => void;
 
   constructor(opts: DirectDialerOptions = {}) {
-    const ms = opts.keepAliveMs ?? DEFAULT_TCP_KEEPALIVE_MS;
-    // Node passes whole seconds on; under one, the kernel would keep its default of two hours.
-    this.keepAliveDelayMs = ms > 0 ? Math.max(1000, ms) : 0;
+    this.keepAliveDelayMs = keepAliveDelayMs(opts.keepAliveMs ?? DEFAULT_TCP_KEEPALIVE_MS);
     const waiting = this.waiting;
     this.forget = function (this: Socket): void {
       waiting.delete(this);

@@ -3,7 +3,7 @@ import type { LoadBalancer } from '../../core/balancer/load-balancer.js';
 import { ServicePortStats } from '../../core/stats.js';
 import type { Logger } from '../../seams/logger.js';
 import type { Dialer } from '../../seams/dialer.js';
-import { DEFAULT_TCP_KEEPALIVE_MS } from './direct-dialer.js';
+import { DEFAULT_TCP_KEEPALIVE_MS, keepAliveDelayMs } from './direct-dialer.js';
 import { isOutOfDescriptors } from './errno.js';
 import { listenBacklog } from './listen-backlog.js';
 import { hostPort } from '../../core/address.js';
@@ -115,9 +115,7 @@ export class TcpProxySocket implements ProxySocket, TcpHandOff, TcpConnectionCon
     this.stats = opts.stats ?? new ServicePortStats();
     this.parentLog = opts.logger;
     this.name = opts.name;
-    const keepAliveMs = opts.keepAliveMs ?? DEFAULT_TCP_KEEPALIVE_MS;
-    // Node passes whole seconds on; under one, the kernel would keep its default of two hours.
-    this.keepAliveMs = keepAliveMs > 0 ? Math.max(1, Math.floor(keepAliveMs / 1000)) * 1000 : 0;
+    this.keepAliveMs = keepAliveDelayMs(opts.keepAliveMs ?? DEFAULT_TCP_KEEPALIVE_MS);
     this.idleTimeoutMs = opts.idleTimeoutMs ?? 0;
     this.backlog = opts.backlog ?? listenBacklog();
     this.holdMs = opts.holdWhenEmptyMs ?? 0;
