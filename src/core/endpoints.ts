@@ -1,4 +1,4 @@
-import { toEndpoint, type Endpoint, type EndpointInfo, type NodeInfo, type ServicePort } from './model.js';
+import { compareEndpoints, inEndpointOrder, toEndpoint, type Endpoint, type EndpointInfo, type NodeInfo, type ServicePort } from './model.js';
 
 /**
  * Which endpoints serve a Service port from this node: kube-proxy's CategorizeEndpoints
@@ -104,7 +104,12 @@ function availableForTopology(ep: EndpointInfo, mode: TopologyMode, node: NodeIn
   }
 }
 
-/** Sorted by addr so callers can compare sets by position. */
+/**
+ * In compareEndpoints' order, so callers can compare sets by position. Translation sorts a port's
+ * endpoints so and the policies above only filter: mostly this is a check, cheaper than a sort,
+ * which calls its comparator for every pair.
+ */
 function toSorted(eps: readonly EndpointInfo[]): Endpoint[] {
-  return eps.map(toEndpoint).sort((a, b) => (a.addr < b.addr ? -1 : a.addr > b.addr ? 1 : 0));
+  const out = eps.map(toEndpoint);
+  return inEndpointOrder(out) ? out : out.sort(compareEndpoints);
 }

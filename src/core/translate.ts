@@ -1,8 +1,9 @@
 import type { V1EndpointSlice, V1Service, V1ServicePort } from '@kubernetes/client-node';
-import { hostPort } from './address.js';
 import { serviceAnnotations } from './annotations.js';
 import {
+  compareEndpoints,
   DEFAULT_AFFINITY_TIMEOUT_SECONDS,
+  inEndpointOrder,
   servicePortNameString,
   type AffinityPolicy,
   type EndpointInfo,
@@ -168,7 +169,6 @@ function endpointsFor(slices: readonly V1EndpointSlice[], portName: string, prot
   // Collected in slice order, then ordered by address (ties in slice order) and deduplicated
   // side by side: no table keyed by address, which every port of every Service paid at start-up.
   const infos: EndpointInfo[] = [];
-  const addrs: string[] = [];
   for (const slice of slices) {
     for (const sp of slice.ports ?? []) {
       if ((sp.name ?? '') !== portName || (sp.protocol ?? 'TCP') !== protocol || sp.port === undefined || sp.port === null) {
@@ -178,23 +178,18 @@ function endpointsFor(slices: readonly V1EndpointSlice[], portName: string, prot
         const info = endpointInfo(ep, sp.port, slice.metadata?.namespace || 'default');
         if (info === undefined) continue;
         infos.push(info);
-        addrs.push(hostPort({ host: info.ip, port: info.port }));
       }
     }
   }
-  // Array.prototype.sort is stable: copies of one address stay in slice order.
-  const order = infos.map((_, i) => i).sort((i, j) => compare(addrs[i] as string, addrs[j] as string));
+  // Array.prototype.sort is stable: copies of one address stay in slice order. Slices often list
+  // their endpoints in order already: then the sort, a call of the comparator per pair, is skipped.
+  if (!inEndpointOrder(infos)) infos.sort(compareEndpoints);
   const out: EndpointInfo[] = [];
-  let last: string | undefined;
-  for (const i of order) {
-    const info = infos[i] as EndpointInfo;
-    if (addrs[i] !== last) {
-      out.push(info);
-      last = addrs[i];
-    } else if (!(out[out.length - 1] as EndpointInfo).ready && info.ready) {
-      // The first copy stays unless a later one is ready and it is not.
-      out[out.length - 1] = info;
-    }
+  for (const info of infos) {
+    const prev = out[out.length - 1];
+    if (prev === undefined || prev.ip !== info.ip || prev.port !== info.port) out.push(info);
+    // The first copy stays unless a later one is ready and it is not.
+    else if (!prev.ready && info.ready) out[out.length - 1] = info;
   }
   return out;
 }
