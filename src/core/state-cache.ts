@@ -43,18 +43,18 @@ export class StateCache {
 
   /** Each change returns how many stored objects it altered (0: nothing new). */
   upsertService(obj: V1Service): number {
-    return this.guarded('Service', obj, () => this.storeService(obj));
+    return this.guarded('Service', obj, keyOf(obj), this.storeService);
   }
 
-  private storeService(obj: V1Service): number {
+  /** `key` is keyOf(obj), made once by the caller: every Map below hashes that one string. */
+  private readonly storeService = (obj: V1Service, key: string): number => {
     const svc = withNamespace(obj);
-    if (this.isStored(this.services, svc)) return 0;
-    if (!this.admit(this.services, svc, validateService)) return 0;
-    const key = keyOf(svc);
+    if (this.isStored(this.services, svc, key)) return 0;
+    if (!this.admit(this.services, svc, key, validateService)) return 0;
     this.services.objects.set(key, svc);
     this.dirty.add(key);
     return 1;
-  }
+  };
 
   deleteService(namespace: string, name: string): number {
     const key = namespacedName(namespace, name);
@@ -65,14 +65,14 @@ export class StateCache {
   }
 
   upsertEndpointSlice(obj: V1EndpointSlice): number {
-    return this.guarded('EndpointSlice', obj, () => this.storeEndpointSlice(obj));
+    return this.guarded('EndpointSlice', obj, keyOf(obj), this.storeEndpointSlice);
   }
 
-  private storeEndpointSlice(obj: V1EndpointSlice): number {
+  /** As storeService. */
+  private readonly storeEndpointSlice = (obj: V1EndpointSlice, key: string): number => {
     const slice = withNamespace(obj);
-    if (this.isStored(this.slices, slice)) return 0;
-    if (!this.admit(this.slices, slice, validateEndpointSlice)) return 0;
-    const key = keyOf(slice);
+    if (this.isStored(this.slices, slice, key)) return 0;
+    if (!this.admit(this.slices, slice, key, validateEndpointSlice)) return 0;
     const old = this.slices.objects.get(key);
     if (old !== undefined) this.unindex(key, old);
     this.slices.objects.set(key, slice);
@@ -82,7 +82,7 @@ export class StateCache {
     set.add(key);
     this.dirty.add(svcKey);
     return 1;
-  }
+  };
 
   deleteEndpointSlice(namespace: string, name: string): number {
     const key = namespacedName(namespace, name);
@@ -95,24 +95,26 @@ export class StateCache {
   }
 
   replaceServices(objs: readonly V1Service[]): number {
-    const listed = new Set(objs.map((o) => keyOf(withNamespace(o))));
+    const keys = objs.map(keyOf);
+    const listed = new Set(keys);
     let changed = 0;
     for (const key of [...this.services.objects.keys()]) {
       if (!listed.has(key)) changed += this.deleteService(...splitKey(key));
     }
     forgetUnlisted(this.services, listed);
-    for (const o of objs) changed += this.upsertService(o);
+    for (let i = 0; i < objs.length; i++) changed += this.guarded('Service', objs[i] as V1Service, keys[i] as string, this.storeService);
     return changed;
   }
 
   replaceEndpointSlices(objs: readonly V1EndpointSlice[]): number {
-    const listed = new Set(objs.map((o) => keyOf(withNamespace(o))));
+    const keys = objs.map(keyOf);
+    const listed = new Set(keys);
     let changed = 0;
     for (const key of [...this.slices.objects.keys()]) {
       if (!listed.has(key)) changed += this.deleteEndpointSlice(...splitKey(key));
     }
     forgetUnlisted(this.slices, listed);
-    for (const o of objs) changed += this.upsertEndpointSlice(o);
+    for (let i = 0; i < objs.length; i++) changed += this.guarded('EndpointSlice', objs[i] as V1EndpointSlice, keys[i] as string, this.storeEndpointSlice);
     return changed;
   }
 
@@ -153,7 +155,10 @@ export class StateCache {
 
   /** The slices labelled for a Service, sorted by name. */
   slicesFor(key: string): V1EndpointSlice[] {
-    const keys = [...(this.slicesByService.get(key) ?? [])].sort();
+    const set = this.slicesByService.get(key);
+    if (set === undefined) return [];
+    const keys = [...set];
+    if (keys.length > 1) keys.sort();
     return keys.map((k) => this.slices.objects.get(k)).filter((s): s is V1EndpointSlice => s !== undefined);
   }
 
@@ -169,9 +174,9 @@ export class StateCache {
    * Runs one object's upsert; if it throws, reports that object and carries on. Validation keeps
    * known bad shapes out before anything walks them, so this is the net for shapes nobody foresaw.
    */
-  private guarded(kind: string, obj: unknown, upsert: () => number): number {
+  private guarded<T>(kind: string, obj: T, key: string, upsert: (obj: T, key: string) => number): number {
     try {
-      return upsert();
+      return upsert(obj, key);
     } catch (err) {
       const message = err instanceof Error ? err.message : String(err);
       this.onProblem({ object: objectLabel(kind, obj), field: '', message: `not applied: ${show(message)}` });
@@ -186,9 +191,8 @@ export class StateCache {
    * as deep as the stored (validated) object goes. A valid object clears any problem record, as
    * admit() does.
    */
-  private isStored<T extends Meta>(store: Store<T>, obj: T): boolean {
+  private isStored<T extends Meta>(store: Store<T>, obj: T, key: string): boolean {
     if (typeof obj !== 'object' || obj === null) return false;
-    const key = keyOf(obj);
     if (!isSameVersion(store.objects.get(key), obj)) return false;
     store.reported.delete(key);
     return true;
@@ -198,9 +202,8 @@ export class StateCache {
    * Validates; reports each problem once per object version (a resync or a re-read file sends the
    * same bad object again and again). A valid object clears the record.
    */
-  private admit<T extends Meta>(store: Store<T>, obj: T, validate: (o: T) => ObjectProblem[]): boolean {
+  private admit<T extends Meta>(store: Store<T>, obj: T, key: string, validate: (o: T) => ObjectProblem[]): boolean {
     const problems = validate(obj);
-    const key = keyOf(obj);
     if (problems.length === 0) {
       store.reported.delete(key);
       return true;
