@@ -158,8 +158,10 @@ export class TcpProxySocket implements ProxySocket, TcpHandOff, TcpConnectionCon
     server.on('connection', (client) => this.accept(client, to));
     return new Promise((resolve, reject) => {
       server.once('error', reject);
-      // ipv6Only: a listener on :: must not also take the IPv4 port, which another listener may hold.
-      server.listen({ host: addr.host, port: addr.port, ipv6Only: addr.host.includes(':'), backlog: this.backlog, reusePort: this.reusePort }, () => {
+      // Not listen()'s callback argument, which it registers just so, but after turning every
+      // argument but the first into a number to look for a backlog: a function becomes its own
+      // source text first, a few milliseconds of start-up at 10,000 service ports.
+      server.once('listening', () => {
         server.off('error', reject);
         // A fixed port on an IPv4 literal is bound as asked; only port 0 (or an IPv6 spelling) needs
         // the getsockname() round trip, which is a few percent of start-up at 10,000 service ports.
@@ -170,6 +172,8 @@ export class TcpProxySocket implements ProxySocket, TcpHandOff, TcpConnectionCon
         this.listeners.set(hostPort(bound), { server, bound });
         resolve(bound);
       });
+      // ipv6Only: a listener on :: must not also take the IPv4 port, which another listener may hold.
+      server.listen({ host: addr.host, port: addr.port, ipv6Only: addr.host.includes(':'), backlog: this.backlog, reusePort: this.reusePort });
     });
   }
 
