@@ -6,6 +6,9 @@
 /** Upper bounds (seconds) of the dial-latency histogram buckets; the last bucket is +Inf. */
 export const DIAL_LATENCY_BUCKETS: readonly number[] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5];
 
+/** An empty dial-latency histogram, copied for each service port (see dialLatencyCounts). */
+const NO_DIAL_LATENCIES: readonly number[] = Array.from({ length: DIAL_LATENCY_BUCKETS.length + 1 }, () => 0);
+
 export type DialFailureReason = 'refused' | 'timeout' | 'unreachable' | 'other';
 
 export class ServicePortStats {
@@ -48,8 +51,12 @@ export class ServicePortStats {
   heldTotal = 0;
   /** Held TCP connections reset, and queued datagrams dropped, when the hold ran out. */
   holdExpired = 0;
-  /** Dial latency histogram: counts per bucket of DIAL_LATENCY_BUCKETS, plus +Inf at the end. */
-  readonly dialLatencyCounts = new Float64Array(DIAL_LATENCY_BUCKETS.length + 1);
+  /**
+   * Dial latency histogram: counts per bucket of DIAL_LATENCY_BUCKETS, plus +Inf at the end. A
+   * plain array: a Float64Array has a backing store of its own to allocate and later free, several
+   * times the cost of this copy (10,000 of each: 7-14 ms against 1-7), one per service port.
+   */
+  readonly dialLatencyCounts: number[] = NO_DIAL_LATENCIES.slice();
   dialLatencySum = 0;
   dialLatencyCount = 0;
 
