@@ -3,10 +3,11 @@
 # kube-userspace-proxy. Build with the repository root as context:
 #   docker build -t kube-userspace-proxy:0.1.0 .
 #
-# Two stages: `build` installs every dependency with `npm ci` and compiles with `tsc` (npm run
-# build), then drops the dev dependencies; `runtime` is a slim Node 24 (LTS) image with iptables,
-# conntrack and iproute2 (the iptables and bind portals call them), the compiled JavaScript and the
-# production dependencies, run as a non-root user.
+# Two stages: `build` installs every dependency with `npm ci`, compiles with `tsc` and bundles the
+# output with rolldown (npm run build), then drops the dev dependencies; `runtime` is a slim Node 24
+# (LTS) image with iptables, conntrack and iproute2 (the iptables and bind portals call them), the
+# bundle and the production dependencies (the bundle leaves @kubernetes/client-node out, see
+# rolldown.config.js), run as a non-root user.
 
 # The major version is .node-version's (test/deploy.test.ts checks that they agree).
 ARG NODE_IMAGE=node:24-bookworm-slim
@@ -15,7 +16,7 @@ FROM ${NODE_IMAGE} AS build
 WORKDIR /src
 COPY package.json package-lock.json ./
 RUN npm ci --no-audit --no-fund
-COPY tsconfig.json tsconfig.build.json ./
+COPY tsconfig.json tsconfig.build.json rolldown.config.js ./
 COPY src ./src
 RUN npm run build && npm prune --omit=dev --no-audit --no-fund
 
@@ -45,8 +46,8 @@ ENV MALLOC_TRIM_THRESHOLD_=268435456 MALLOC_TOP_PAD_=16777216
 ENV NODE_OPTIONS=--max-semi-space-size=16
 COPY --from=build /src/package.json /src/package-lock.json ./
 COPY --from=build /src/node_modules ./node_modules
-COPY --from=build /src/dist/src ./dist/src
+COPY --from=build /src/dist/bundle ./dist/bundle
 # The `proxy` user made above (65532, the conventional non-root uid); numeric, so runAsNonRoot can verify it.
 USER 65532:65532
 # package.json "bin". Flags and --config go in the DaemonSet's args.
-ENTRYPOINT ["node", "dist/src/main.js"]
+ENTRYPOINT ["node", "dist/bundle/main.js"]

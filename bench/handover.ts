@@ -18,7 +18,7 @@ import { cpus, loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
-const MAIN = fileURLToPath(new URL('../src/main.js', import.meta.url));
+const MAIN = fileURLToPath(new URL('../bundle/main.js', import.meta.url));
 
 function arg(name: string, fallback: number): number {
   const i = process.argv.indexOf(`--${name}`);

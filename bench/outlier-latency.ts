@@ -15,7 +15,7 @@ import { createBlackholeLab, nsConnections, type BlackholeLab, type ConnectionSa
 
 const CONNECTIONS = Number(process.argv[2] ?? 300);
 const ROUNDS = Number(process.argv[3] ?? 2);
-const MAIN = fileURLToPath(new URL('../src/main.js', import.meta.url));
+const MAIN = fileURLToPath(new URL('../bundle/main.js', import.meta.url));
 
 function percentile(sorted: number[], p: number): number {
   return sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))] ?? NaN;

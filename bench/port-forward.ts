@@ -36,7 +36,7 @@ import { LOAD_WORKLOAD_DEFS, type LoadWorkload } from './lib/workloads.js';
 import { FakeApiServer } from '../test/helpers/fake-apiserver.js';
 
 const ROOT = fileURLToPath(new URL('../../', import.meta.url));
-const PROXY_MAIN = fileURLToPath(new URL('../src/main.js', import.meta.url));
+const PROXY_MAIN = fileURLToPath(new URL('../bundle/main.js', import.meta.url));
 const DEFAULT_WORKLOADS = ['http-keepalive', 'http-close', 'tcp-bulk', 'tcp-bulk-down'];
 const TCP_SERVICES: BenchService[] = ['http', 'iperf'];
 

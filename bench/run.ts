@@ -31,7 +31,7 @@ import { LOAD_WORKLOAD_DEFS } from './lib/workloads.js';
  */
 
 const ROOT = fileURLToPath(new URL('../../', import.meta.url));
-const PROXY_MAIN = fileURLToPath(new URL('../src/main.js', import.meta.url));
+const PROXY_MAIN = fileURLToPath(new URL('../bundle/main.js', import.meta.url));
 
 function git(args: string[]): string {
   try {

@@ -13,7 +13,7 @@ import type { UnitStatus } from './seams/unit-set.js';
  * on examples/demo.yaml with the no-root loopback portal, sends one request through every service
  * port to show it works, then says how to reach each Service and keeps serving until Ctrl-C.
  * The one flag it takes is the log level (`npm run demo -- --log-level debug`; default warn): the
- * demo's setup is fixed, and `node dist/src/main.js --state examples/demo.yaml ...` takes every flag.
+ * demo's setup is fixed, and `node dist/bundle/main.js --state examples/demo.yaml ...` takes every flag.
  */
 const stateFile = fileURLToPath(new URL('../../examples/demo.yaml', import.meta.url));
 

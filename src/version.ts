@@ -2,7 +2,8 @@ import { readFileSync } from 'node:fs';
 
 /**
  * The version, from package.json (one place to bump). The package root is one folder above
- * src/version.ts and two above dist/src/version.js: the first package.json of ours going up.
+ * src/version.ts and two above dist/src/version.js or the bundle's chunk in dist/bundle: the
+ * first package.json of ours going up.
  */
 function packageVersion(): string {
   for (const up of ['../package.json', '../../package.json']) {

@@ -222,12 +222,14 @@ describe('the Dockerfile', () => {
   const build = stages.find((s) => s.name === 'build');
   const runs = (s: Stage | undefined): string => (s?.instructions ?? []).filter((i) => i.op === 'RUN').map((i) => i.args).join(' ; ');
 
-  it('builds in a stage with npm ci and the build script (tsc), from the lock file', () => {
+  it('builds in a stage with npm ci and the build script (tsc, then the bundle), from the lock file and the configs it reads', () => {
     expect(stages.map((s) => s.name)).toEqual(['build', 'runtime']);
     expect(runs(build)).toMatch(/\bnpm ci\b/);
     expect(runs(build)).toMatch(/\bnpm run build\b/);
-    expect(pkg.scripts.build).toMatch(/^tsc\b/);
+    expect(pkg.scripts.build).toBe('tsc -p tsconfig.build.json && rolldown -c');
     expect(build?.instructions).toContainEqual({ op: 'COPY', args: 'package.json package-lock.json ./' });
+    const copied = (build?.instructions ?? []).filter((i) => i.op === 'COPY').flatMap((i) => i.args.split(/\s+/).slice(0, -1));
+    for (const file of ['tsconfig.json', 'tsconfig.build.json', 'rolldown.config.js', 'src']) expect(copied).toContain(file);
   });
 
   it('runs on a slim Node image of .node-version\'s major, one package.json\'s engines admit, with iptables and iproute2', () => {

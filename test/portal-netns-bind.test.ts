@@ -102,7 +102,7 @@ describe.skipIf(netnsSkipReason !== undefined)(`--portal bind in network namespa
     for (const p of proxies) p.kill();
     backend?.stop();
     if (lab) {
-      await nsExec(lab.node, process.execPath, [join(process.cwd(), 'dist/src/main.js'), '--portal', 'bind', '--cleanup']).catch(() => {});
+      await nsExec(lab.node, process.execPath, [join(process.cwd(), 'dist/bundle/main.js'), '--portal', 'bind', '--cleanup']).catch(() => {});
       await lab.destroy();
     }
     await rm(dir, { recursive: true, force: true });

@@ -75,7 +75,7 @@ describe.skipIf(iptablesSkipReason !== undefined)(`--portal iptables in network 
     for (const p of proxies) p.kill();
     backend?.stop();
     if (lab) {
-      await nsExec(lab.node, process.execPath, [join(process.cwd(), 'dist/src/main.js'), '--portal', 'iptables', '--cleanup']).catch(() => {});
+      await nsExec(lab.node, process.execPath, [join(process.cwd(), 'dist/bundle/main.js'), '--portal', 'iptables', '--cleanup']).catch(() => {});
       await lab.destroy();
     }
     await rm(dir, { recursive: true, force: true });

@@ -82,7 +82,7 @@ describe.each(PORTALS)('--workers 2 --portal $portal in network namespaces', ({ 
     }
     backend?.stop();
     if (lab) {
-      await nsExec(lab.node, process.execPath, [join(process.cwd(), 'dist/src/main.js'), '--portal', portal, '--cleanup']).catch(() => {});
+      await nsExec(lab.node, process.execPath, [join(process.cwd(), 'dist/bundle/main.js'), '--portal', portal, '--cleanup']).catch(() => {});
       await lab.destroy();
     }
     await rm(dir, { recursive: true, force: true });

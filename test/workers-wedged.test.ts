@@ -25,7 +25,7 @@ import { captureLogger, withDeadline } from './helpers/proxy-fixtures.js';
  * counted and replaced, and shutdown ends.
  */
 
-const WORKER_MAIN = fileURLToPath(new URL('../dist/src/worker-main.js', import.meta.url));
+const WORKER_MAIN = fileURLToPath(new URL('../dist/bundle/worker-main.js', import.meta.url));
 const SEED = 0x5eed;
 const pools: WorkerPool[] = [];
 const closers: Array<() => Promise<void> | void> = [];
@@ -62,7 +62,7 @@ function config(): ReturnType<typeof buildConfig> {
   return buildConfig(outcome.options);
 }
 
-/** Two real worker processes (dist/src/worker-main.js), with deadlines short enough for a test. */
+/** Two real worker processes (dist/bundle/worker-main.js), with deadlines short enough for a test. */
 async function startPool(): Promise<{ pool: WorkerPool; records: ReturnType<typeof captureLogger>['records'] }> {
   const cfg = config();
   const launcher = new ForkLauncher({ entry: WORKER_MAIN, init: (i) => ({ ...workerInit(cfg, 2, SEED, i), logLevel: 'silent' }), execArgv: [] });

@@ -12,7 +12,7 @@ export interface Context {
   tmp: string;
   /** Where the proxies write CPU profiles (--profile), else undefined. */
   profileDir: string | undefined;
-  /** The built proxy CLI (dist/src/main.js). */
+  /** The built proxy CLI (dist/bundle/main.js). */
   proxyMain: string;
   /** The node binary that runs it. */
   proxyNode: string;

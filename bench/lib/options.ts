@@ -76,7 +76,7 @@ export interface Options {
   nodeArgs: string[];
   /** Environment for the proxy process, NAME=VALUE (--proxy-env=MALLOC_TRIM_THRESHOLD_=268435456). */
   proxyEnv: string[];
-  /** The proxy CLI to run instead of this build's dist/src/main.js (to compare builds). */
+  /** The proxy CLI to run instead of this build's dist/bundle/main.js (to compare builds). */
   proxyMain: string | undefined;
   /** The node binary that runs the proxy (default: the one running the harness), to compare runtimes. */
   proxyNode: string | undefined;

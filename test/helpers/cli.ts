@@ -1,7 +1,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 
-export const MAIN = fileURLToPath(new URL('../../dist/src/main.js', import.meta.url));
+export const MAIN = fileURLToPath(new URL('../../dist/bundle/main.js', import.meta.url));
 
 export interface Spawned {
   child: ChildProcess;

@@ -2,7 +2,7 @@ import { fork } from 'node:child_process';
 import type { FromWorker, ToWorker, WorkerHandle, WorkerInit, WorkerLauncher } from '../../seams/workers.js';
 
 export interface ForkLauncherOptions {
-  /** The worker's entry point (dist/src/worker-main.js). */
+  /** The worker's entry point (dist/bundle/worker-main.js, or dist/src/worker-main.js unbundled). */
   entry: string;
   /** What worker `index` is started with. */
   init(index: number): WorkerInit;
