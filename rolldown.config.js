@@ -3,10 +3,13 @@ import { defineConfig } from 'rolldown';
 
 /**
  * The binary as it ships: tsc's output (dist/src) bundled into dist/bundle, the command's entry
- * and the worker processes' (start-workers.ts finds worker-main.js beside itself), with chunks
- * they share. Node then loads a handful of files where it resolved, read and ran some 230 at every
- * start: a start with 10,000 Services takes about a tenth less time (bench/README.md), and
- * `--version` 80 ms less. tsc stays the compiler; this only joins its output.
+ * and the worker processes', with the chunks they share. Node then loads a handful of files where
+ * it resolved, read and ran some 230 at every start: a start with 10,000 Services takes about a
+ * tenth less time, `--version` a third less (bench/README.md, ninth session). tsc stays the
+ * compiler; this only joins its output.
+ *
+ * The chunks stay beside the entries: start-workers.ts finds worker-main.js beside the chunk it
+ * is in, and version.ts finds package.json two folders up (test/bundle.test.ts fails otherwise).
  *
  * @kubernetes/client-node stays outside, loaded from node_modules when a cluster is the source,
  * as before: it is imported only then, and Node keeps quiet about deprecated APIs only for code

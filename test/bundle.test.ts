@@ -1,5 +1,6 @@
 import { spawn, type ChildProcess } from 'node:child_process';
-import { cp, mkdtemp, readFile, rm, symlink, writeFile } from 'node:fs/promises';
+import { cp, mkdtemp, readFile, readdir, rm, symlink, writeFile } from 'node:fs/promises';
+import { builtinModules } from 'node:module';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -9,7 +10,9 @@ import { endpointSlice, list, service } from './helpers/objects.js';
 /**
  * The bundle (rolldown.config.js) runs from the files the image's runtime stage has: dist/bundle,
  * package.json and node_modules, no dist/src. The rest of the suite runs it from the tree, where
- * dist/src sits beside it, so a chunk that still reached into dist/src would pass there.
+ * dist/src sits beside it, so a chunk that still reached into dist/src would pass there. The
+ * node_modules here is the tree's, dev dependencies and all: that the bundle needs no package the
+ * image prunes (npm prune --omit=dev) is checked on its import specifiers instead.
  */
 
 const ROOT = join(import.meta.dirname, '..');
@@ -82,6 +85,28 @@ function run(args: string[], until?: RegExp): Promise<{ out: string; err: string
 }
 
 describe('the bundle, with only what the image copies', () => {
+  it("imports nothing but Node's own modules, its own chunks and package.json's dependencies", async () => {
+    const pkg = JSON.parse(await readFile(join(ROOT, 'package.json'), 'utf8')) as { dependencies: Record<string, string> };
+    const files = (await readdir(join(ROOT, 'dist', 'bundle'))).filter((f) => f.endsWith('.js'));
+    expect(files).toEqual(expect.arrayContaining(['main.js', 'worker-main.js']));
+    const outside = new Set<string>();
+    for (const f of files) {
+      const text = await readFile(join(ROOT, 'dist', 'bundle', f), 'utf8');
+      // Import and re-export statements, dynamic imports, and the require() rolldown keeps for
+      // bundled CommonJS (__require), as rolldown writes them (double quotes, statements at the
+      // start of a line): the text of comments and strings is not taken for an import.
+      const specs = /^(?:import|export)\b[^;]*?\bfrom\s*"([^"]+)"|^import\s*"([^"]+)"|\bimport\(\s*"([^"]+)"\s*\)|\b__require\(\s*"([^"]+)"\s*\)/gm;
+      for (const m of text.matchAll(specs)) {
+        const spec = (m[1] ?? m[2] ?? m[3] ?? m[4]) as string;
+        if (spec.startsWith('./')) continue;
+        const name = spec.startsWith('@') ? spec.split('/').slice(0, 2).join('/') : (spec.split('/')[0] as string);
+        if (builtinModules.includes(spec.replace(/^node:/, '')) || name in pkg.dependencies) continue;
+        outside.add(`${f}: ${spec}`);
+      }
+    }
+    expect([...outside]).toEqual([]);
+  });
+
   it('tells its version from package.json', async () => {
     const pkg = JSON.parse(await readFile(join(ROOT, 'package.json'), 'utf8')) as { version: string };
     const r = await run(['--version']);

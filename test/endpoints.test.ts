@@ -20,7 +20,7 @@ const ips = (eps: Array<{ ip: string }>): string[] => eps.map((e) => e.ip);
 const NODE_PORT = { nodePort: 30080 };
 
 describe('categorizeEndpoints: cluster traffic policy', () => {
-  it('uses the ready endpoints, as Endpoints sorted by addr', () => {
+  it('uses the ready endpoints, as Endpoints in endpoint order (IP, then port)', () => {
     const r = categorizeEndpoints(sp([ep(3), ep(1, { nodeName: 'node2' }), ep(2, { ready: false })]), NODE);
     expect(r.clusterEndpoints).toEqual([
       { ip: '10.0.0.1', port: 8080, addr: '10.0.0.1:8080', nodeName: 'node2' },

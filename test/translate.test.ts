@@ -147,6 +147,25 @@ describe('translateService ports', () => {
     ]);
   });
 
+  it('keeps the first copy of an ip:port when its copies are alike in readiness (slices in name order)', () => {
+    const slices = [
+      slice({ name: 'web-b', endpoints: [{ ip: '10.0.0.1', nodeName: 'second' }, { ip: '10.0.0.2', ready: false, nodeName: 'second' }] }),
+      slice({ name: 'web-a', endpoints: [{ ip: '10.0.0.1', nodeName: 'first' }, { ip: '10.0.0.2', ready: false, nodeName: 'first' }] }),
+    ];
+    const eps = translateService(svc(), slices).ports[0]?.endpoints ?? [];
+    expect(eps.map((e) => `${e.ip} ${e.nodeName ?? ''}`)).toEqual(['10.0.0.1 first', '10.0.0.2 first']);
+  });
+
+  it('orders endpoints by IP as text, then by port as a number', () => {
+    const slices = [
+      slice({ name: 'web-a', ports: [{ name: 'http', port: 80 }], endpoints: [{ ip: '10.0.0.10' }, { ip: '10.0.0.1' }, { ip: '10.0.0.9' }] }),
+      slice({ name: 'web-b', ports: [{ name: 'http', port: 9 }], endpoints: [{ ip: '10.0.0.1' }] }),
+    ];
+    const eps = translateService(svc(), slices).ports[0]?.endpoints ?? [];
+    // As ip:port text the order would be 10.0.0.10:80, 10.0.0.1:80, 10.0.0.1:9, 10.0.0.9:80.
+    expect(eps.map((e) => `${e.ip}:${e.port}`)).toEqual(['10.0.0.1:9', '10.0.0.1:80', '10.0.0.10:80', '10.0.0.9:80']);
+  });
+
   it('reads absent conditions as ready=true, serving=ready, terminating=false', () => {
     const s = slice({
       extra: {

@@ -29,7 +29,8 @@ function category(f: CallFrame): Category {
   if (f.functionName === '(idle)') return 'idle';
   if (f.functionName === '(garbage collector)') return 'gc';
   if (f.functionName === '(program)' || f.functionName === '(root)') return 'program';
-  if (f.url.includes('/dist/src/')) return 'proxy';
+  // The bundle (dist/bundle) holds the proxy and the dependencies it bundles (rolldown.config.js).
+  if (f.url.includes('/dist/src/') || f.url.includes('/dist/bundle/')) return 'proxy';
   if (f.url.includes('/node_modules/')) return 'deps';
   if (f.url.startsWith('node:') || (f.url === '' && f.functionName !== '')) return f.url === '' ? 'native' : 'node';
   return 'native';
@@ -39,7 +40,7 @@ const CATEGORY_LABEL: Readonly<Record<Category, string>> = {
   idle: 'idle (waiting in epoll)',
   gc: 'garbage collector',
   program: '(program): V8/libuv native work outside JS frames',
-  proxy: "the proxy's own JS (dist/src)",
+  proxy: "the proxy's own JS (dist/src; from dist/bundle, with the dependencies bundled in it)",
   node: "Node's JS internals (streams, net, dgram, timers)",
   deps: 'dependencies (node_modules)',
   native: 'native functions called from JS (syscalls: write, send, connect...)',
