@@ -23,7 +23,7 @@ let dir: string;
 let main: string;
 let stateFile: string;
 let webPort: number;
-const closers: Array<() => unknown> = [];
+let echo: { close(): Promise<void> } | undefined;
 const children: ChildProcess[] = [];
 
 beforeAll(async () => {
@@ -33,8 +33,7 @@ beforeAll(async () => {
   await symlink(join(ROOT, 'node_modules'), join(dir, 'app', 'node_modules'));
   main = join(dir, 'app', 'dist', 'bundle', 'main.js');
   const port = await freePort(BACKEND);
-  const echo = await tcpEchoServer(BACKEND, 'b0', port);
-  closers.push(() => echo.close());
+  echo = await tcpEchoServer(BACKEND, 'b0', port);
   webPort = await freePort(WEB);
   stateFile = join(dir, 'state.json');
   await writeFile(stateFile, list([
@@ -45,7 +44,7 @@ beforeAll(async () => {
 
 afterAll(async () => {
   for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill('SIGKILL');
-  for (const c of closers) await c();
+  await echo?.close();
   await rm(dir, { recursive: true, force: true });
 });
 
