@@ -3,8 +3,8 @@ import { defineConfig } from 'rolldown';
 
 /**
  * The binary as it ships: tsc's output (dist/src) bundled into dist/bundle, the command's entry
- * and the worker processes', with the chunks they share. Node then loads a handful of files where
- * it resolved, read and ran some 230 at every start: a start with 10,000 Services takes about a
+ * and the worker processes', with the chunks they share. Node then loads about 15 files where it
+ * resolved, read and ran some 230 at every start: a start with 10,000 Services takes about a
  * tenth less time, `--version` a third less (bench/README.md, ninth session). tsc stays the
  * compiler; this only joins its output.
  *

@@ -166,7 +166,7 @@ function ownSlices(slices: readonly V1EndpointSlice[], namespace: string, name: 
  * preferring a ready copy.
  */
 function endpointsFor(slices: readonly V1EndpointSlice[], portName: string, protocol: Protocol): EndpointInfo[] {
-  // Collected in slice order, then ordered by address (ties in slice order) and deduplicated
+  // Collected in slice order, then ordered by IP and port (ties in slice order) and deduplicated
   // side by side: no table keyed by address, which every port of every Service paid at start-up.
   const infos: EndpointInfo[] = [];
   for (const slice of slices) {
