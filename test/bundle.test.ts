@@ -1,9 +1,9 @@
-import { spawn, type ChildProcess } from 'node:child_process';
 import { cp, mkdtemp, readFile, readdir, rm, symlink, writeFile } from 'node:fs/promises';
 import { isBuiltin } from 'node:module';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { runCli, type Spawned } from './helpers/cli.js';
 import { freePort, tcpEchoServer, tcpRequest } from './helpers/net.js';
 import { endpointSlice, list, service } from './helpers/objects.js';
 
@@ -24,7 +24,7 @@ let main: string;
 let stateFile: string;
 let webPort: number;
 let echo: { close(): Promise<void> } | undefined;
-const children: ChildProcess[] = [];
+const running: Spawned[] = [];
 
 beforeAll(async () => {
   dir = await mkdtemp(join(tmpdir(), 'kup-bundle-'));
@@ -43,45 +43,10 @@ beforeAll(async () => {
 });
 
 afterAll(async () => {
-  for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill('SIGKILL');
+  for (const r of running) r.kill();
   await echo?.close();
   await rm(dir, { recursive: true, force: true });
 });
-
-/** Runs the copied bundle to its exit; its stdout, stderr and exit code. SIGTERM once `until` is logged. */
-function run(args: string[], until?: RegExp): Promise<{ out: string; err: string; code: number | string }> {
-  return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, [main, ...args], { cwd: join(dir, 'app') });
-    children.push(child);
-    let out = '';
-    let err = '';
-    const timer = setTimeout(() => {
-      child.kill('SIGKILL');
-      reject(new Error(`no exit within 20 s; stdout:\n${out}\nstderr:\n${err}`));
-    }, 20_000);
-    child.stdout.on('data', (d: Buffer) => {
-      out += d.toString();
-      if (until !== undefined && until.test(out)) {
-        until = undefined;
-        void tcpRequest(WEB, webPort, 'through the bundle\n').then(
-          (reply) => {
-            out += `\nREPLY ${reply}\n`;
-            child.kill('SIGTERM');
-          },
-          (e: unknown) => {
-            out += `\nNO REPLY ${String(e)}\n`;
-            child.kill('SIGTERM');
-          },
-        );
-      }
-    });
-    child.stderr.on('data', (d: Buffer) => (err += d.toString()));
-    child.on('exit', (code, signal) => {
-      clearTimeout(timer);
-      resolve({ out, err, code: code ?? signal ?? -1 });
-    });
-  });
-}
 
 describe('the bundle, with only what the image copies', () => {
   it("imports from outside itself nothing but Node's own modules and package.json's dependencies", async () => {
@@ -109,18 +74,19 @@ describe('the bundle, with only what the image copies', () => {
 
   it('tells its version from package.json', async () => {
     const pkg = JSON.parse(await readFile(join(ROOT, 'package.json'), 'utf8')) as { version: string };
-    const r = await run(['--version']);
-    expect(r.code).toBe(0);
-    expect(r.out.trim()).toBe(pkg.version);
+    const r = runCli(['--version'], { main, cwd: join(dir, 'app') });
+    running.push(r);
+    expect(await r.exited).toBe(0);
+    expect(r.stdout().trim()).toBe(pkg.version);
   });
 
   it('serves a Service from two worker processes started from the bundle, and stops cleanly', async () => {
-    const r = await run(
-      ['--state', stateFile, '--workers', '2', '--metrics-bind-address', '127.0.0.1:0', '--healthz-bind-address', '127.0.0.1:0', '--shutdown-grace-period', '1s'],
-      /synced proxy rules/,
-    );
-    expect(r.out).toMatch(/REPLY b0:through the bundle/);
-    expect(r.code).toBe(0);
-    expect(r.err).toBe('');
+    const r = runCli(['--state', stateFile, '--workers', '2', '--metrics-bind-address', '127.0.0.1:0', '--healthz-bind-address', '127.0.0.1:0', '--shutdown-grace-period', '1s'], { main, cwd: join(dir, 'app') });
+    running.push(r);
+    await r.waitForLine(/synced proxy rules/);
+    expect(await tcpRequest(WEB, webPort, 'through the bundle\n')).toBe('b0:through the bundle\n');
+    r.child.kill('SIGTERM');
+    expect(await r.exited).toBe(0);
+    expect(r.stderr()).toBe('');
   });
 });

@@ -34,9 +34,11 @@ export function categorizeEndpoints(sp: ServicePort, node: NodeInfo): Categorize
   const cluster = usesCluster ? clusterPolicyEndpoints(all, mode, node) : [];
   const local = usesLocal ? localPolicyEndpoints(all, isLocal) : [];
 
+  const clusterEndpoints = toSorted(sp.internalTrafficPolicy === 'Local' ? local : cluster);
   return {
-    clusterEndpoints: toSorted(sp.internalTrafficPolicy === 'Local' ? local : cluster),
-    externalEndpoints: external ? toSorted(sp.externalTrafficPolicy === 'Local' ? local : cluster) : [],
+    clusterEndpoints,
+    // One policy for both: the same list, made once (the units never change a list they are given).
+    externalEndpoints: !external ? [] : sp.externalTrafficPolicy === sp.internalTrafficPolicy ? clusterEndpoints : toSorted(sp.externalTrafficPolicy === 'Local' ? local : cluster),
     localReadyEndpoints: all.filter((ep) => ep.ready && isLocal(ep)).length,
     useTopology: mode !== '',
   };

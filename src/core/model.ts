@@ -64,19 +64,22 @@ export interface Endpoint {
   targetPod?: PodRef;
 }
 
+/** What endpoints are ordered by: EndpointInfo and Endpoint both have it. */
+type IPPort = Pick<Endpoint, 'ip' | 'port'>;
+
 /**
  * The order of a port's endpoints everywhere: by IP as text, then by port. Translation sorts by
  * it and sets of endpoints are compared by position in it. Not by `addr`: a string concatenated
  * per endpoint is copied flat on its first comparison, and building and ordering those strings
  * took 60 ms of a 10,000-Service start's profile (bench/README.md).
  */
-export function compareEndpoints(a: { ip: string; port: number }, b: { ip: string; port: number }): number {
+export function compareEndpoints(a: IPPort, b: IPPort): number {
   return a.ip < b.ip ? -1 : a.ip > b.ip ? 1 : a.port - b.port;
 }
 
 /** Whether the endpoints are in the order of compareEndpoints (copies side by side). */
-export function inEndpointOrder(eps: readonly { ip: string; port: number }[]): boolean {
-  for (let i = 1; i < eps.length; i++) if (compareEndpoints(eps[i - 1] as { ip: string; port: number }, eps[i] as { ip: string; port: number }) > 0) return false;
+export function inEndpointOrder(eps: readonly IPPort[]): boolean {
+  for (let i = 1; i < eps.length; i++) if (compareEndpoints(eps[i - 1] as IPPort, eps[i] as IPPort) > 0) return false;
   return true;
 }
 

@@ -399,7 +399,8 @@ export class LocalUnitSet implements UnitSet, AffinityShare, TcpHandOffs {
   /**
    * The one coarse timer: idle UDP sessions every tick (a fraction of --udp-timeout); TCP holds,
    * --tcp-idle-timeout, keepalive for clients that lived 1-2 s and expired affinity about once a
-   * second, which their durations (seconds) allow. At 10,000 TCP service ports a tick over every unit cost ~1% of a core while idle.
+   * second, which their durations (seconds) allow. At 10,000 TCP service ports a tick over every
+   * unit cost ~1% of a core while idle.
    */
   private sweep(): void {
     // The sockets stamp activity with performance.now(): the sweep reads the same clock.

@@ -15,12 +15,16 @@ export interface Spawned {
   kill(): void;
 }
 
-/** Spawn the built CLI as a black box (corepack's tests/_runCli.ts style). */
-export function runCli(args: string[], opts: { prefix?: string[]; env?: NodeJS.ProcessEnv; detached?: boolean } = {}): Spawned {
+/**
+ * Spawn the built CLI as a black box (corepack's tests/_runCli.ts style); `main`, another copy of
+ * it (MAIN by default), and `cwd`, where it runs (this process's by default).
+ */
+export function runCli(args: string[], opts: { prefix?: string[]; env?: NodeJS.ProcessEnv; detached?: boolean; main?: string; cwd?: string } = {}): Spawned {
   const [cmd, ...pre] = opts.prefix ?? [];
+  const main = opts.main ?? MAIN;
   // detached: a process group of its own (as a shell's foreground job), for signals to the group.
-  const spawnOpts = { env: opts.env ?? process.env, detached: opts.detached ?? false };
-  const child = cmd ? spawn(cmd, [...pre, process.execPath, MAIN, ...args], spawnOpts) : spawn(process.execPath, [MAIN, ...args], spawnOpts);
+  const spawnOpts = { env: opts.env ?? process.env, detached: opts.detached ?? false, cwd: opts.cwd };
+  const child = cmd ? spawn(cmd, [...pre, process.execPath, main, ...args], spawnOpts) : spawn(process.execPath, [main, ...args], spawnOpts);
   let out = '';
   let err = '';
   const waiters: Array<() => void> = [];
