@@ -27,6 +27,7 @@ import type { Portal } from './seams/portal.js';
 import type { UnitSet } from './seams/unit-set.js';
 import { createWorkerPool, resolveWorkers, sweepIntervalMs } from './start-workers.js';
 import type { HttpKubeApi } from './io/kube/api-client.js';
+import type { EarlyStateRead } from './io/kube/state-file-read.js';
 import { VERSION } from './version.js';
 
 /** A running proxy: what main and the demo hold on to. */
@@ -91,6 +92,8 @@ async function listenOrExplain<T>(flag: string, address: { host: string; port: n
 export interface StartOptions {
   /** Taking over from this running process (--handover-socket): /readyz says 503 until told it serves. */
   takingOverFrom?: number;
+  /** The `--state` file's read, begun as the process started (main.ts). */
+  earlyStateRead?: EarlyStateRead;
 }
 
 export async function startProxy(config: ProxyConfig, logger: Logger, opts: StartOptions = {}): Promise<RunningProxy> {
@@ -157,7 +160,7 @@ async function start(config: ProxyConfig, logger: Logger, started: Started, opts
     demand.events = events;
     started.add(async () => events.stop());
   };
-  const source = await createSource(config, { logger, nodeName, onNode: (node) => health.setNode(node), onApi, ...(cluster ? { cluster } : {}) });
+  const source = await createSource(config, { logger, nodeName, onNode: (node) => health.setNode(node), onApi, ...(cluster ? { cluster } : {}), ...(opts.earlyStateRead ? { earlyStateRead: opts.earlyStateRead } : {}) });
   await portal.start();
   if (pool) {
     await pool.launch();

@@ -8,6 +8,7 @@ import { cleanupLocalNames } from './local-names.js';
 import { completeTakeOver, serveHandover, takeOverIfRunning } from './handover.js';
 import { createLogger } from './log.js';
 import { resolveOptions, writeConfigFile } from './kube-proxy-config.js';
+import type { EarlyStateRead } from './io/kube/state-file-read.js';
 
 /** On SIGTERM, how long a successor mid-hand-over may take to serve before this process stops anyway. */
 const SUCCESSOR_WAIT_MS = 60_000;
@@ -19,7 +20,13 @@ const ABANDON_DRAIN_MS = 5000;
  * the parts, wires signals. The only place that sets process.exitCode. User errors print one line
  * without a stack and exit 2; bugs keep their stack.
  */
-async function main(argv: string[]): Promise<number> {
+/** What main.ts began before loading this module. */
+export interface CommandStart {
+  /** The `--state` file's read, begun while the modules loaded. */
+  earlyStateRead?: EarlyStateRead;
+}
+
+async function main(argv: string[], begun: CommandStart): Promise<number> {
   const outcome = parseCommandLine(argv);
   if (outcome.kind === 'exit') {
     (outcome.code === 0 ? process.stdout : process.stderr).write(outcome.output);
@@ -48,7 +55,7 @@ async function main(argv: string[]): Promise<number> {
   const takeOver = await takeOverIfRunning(config, logger);
   // Start-up may wait a long time for an API server that does not answer: a signal then stops
   // the process at once (nothing has been accepted yet, so nothing is cut).
-  const first = await Promise.race([startProxy(config, logger, takeOver ? { takingOverFrom: takeOver.from.pid } : {}), signalled]).catch((err: unknown) => {
+  const first = await Promise.race([startProxy(config, logger, { ...begun, ...(takeOver ? { takingOverFrom: takeOver.from.pid } : {}) }), signalled]).catch((err: unknown) => {
     // The old process never closed anything: it serves on.
     takeOver?.session.abandon();
     throw err;
@@ -130,9 +137,9 @@ async function main(argv: string[]): Promise<number> {
   return 0;
 }
 
-export async function runCommand(argv: string[]): Promise<void> {
+export async function runCommand(argv: string[], begun: CommandStart = {}): Promise<void> {
   try {
-    process.exitCode = await main(argv);
+    process.exitCode = await main(argv, begun);
   } catch (err: unknown) {
     if (err instanceof UsageError || (err instanceof ProxyError && err.code === 'PARSE')) {
       process.stderr.write(`kube-userspace-proxy: ${err.message}\n`);

@@ -1,6 +1,7 @@
 import type { V1Node } from '@kubernetes/client-node';
 import type { ProxyConfig } from './config.js';
 import { UsageError } from './core/errors.js';
+import type { EarlyStateRead } from './io/kube/state-file-read.js';
 import type { Logger } from './log.js';
 import { HttpKubeApi } from './io/kube/api-client.js';
 import { ApiSource } from './io/kube/api-source.js';
@@ -23,6 +24,8 @@ export interface CreateSourceDeps {
   kubeConfigEnv?: KubeConfigEnv;
   /** The cluster as loadCluster found it, when the caller needed it first (the port-forward dialer). */
   cluster?: LoadedKubeConfig;
+  /** The `--state` file's read begun as the process started; taken for that same path only. */
+  earlyStateRead?: EarlyStateRead;
 }
 
 /**
@@ -38,7 +41,8 @@ export async function createSource(config: ProxyConfig, deps: CreateSourceDeps):
     if (config.kubeconfig || config.master) {
       throw new UsageError('--state serves a file instead of a cluster: drop --kubeconfig/--master, or drop --state');
     }
-    return new FileSource({ path: config.stateFile, logger: deps.logger.child({ component: 'file-source' }) });
+    const early = deps.earlyStateRead?.path === config.stateFile ? deps.earlyStateRead.read : undefined;
+    return new FileSource({ path: config.stateFile, logger: deps.logger.child({ component: 'file-source' }), ...(early ? { earlyRead: early } : {}) });
   }
   const loaded = deps.cluster ?? (await loadCluster(config, deps));
   const api = new HttpKubeApi(loaded.kc);

@@ -1,6 +1,8 @@
 #!/usr/bin/env node
 import { enableProxyCompileCache } from './compile-cache.js';
 import { definedEnv, heapTuningEnv, heapTuningFlags, underDebugger } from './core/heap-tuning.js';
+import { beginEarlyStateRead } from './io/kube/state-file-read.js';
+import { stateArgument } from './state-argument.js';
 
 /**
  * The `kube-userspace-proxy` binary. Before anything else is loaded it re-executes itself, once,
@@ -23,5 +25,8 @@ if ((tunedEnv !== undefined || tunedFlags.length > 0) && !debugging && typeof pr
 }
 
 enableProxyCompileCache();
+// The state file is read while the modules below load (io/kube/state-file-read.ts).
+const statePath = stateArgument(process.argv.slice(2));
+const earlyStateRead = statePath === undefined ? undefined : beginEarlyStateRead(statePath);
 const { runCommand } = await import('./command.js');
-await runCommand(process.argv.slice(2));
+await runCommand(process.argv.slice(2), earlyStateRead === undefined ? {} : { earlyStateRead });

@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { parseCommandLine } from '../src/cli.js';
 import { buildConfig } from '../src/config.js';
+import { stateArgument } from '../src/state-argument.js';
 
 describe('flag names as kube-proxy has them', () => {
   it('accepts --sync-period and --min-sync-period for the iptables-prefixed flags', () => {
@@ -23,6 +24,31 @@ describe('flag names as kube-proxy has them', () => {
       if (outcome.kind !== 'run') throw new Error('parse failed');
       expect(buildConfig(outcome.options).proxyPortRange).toEqual({ base, size });
     }
+  });
+});
+
+describe('the --state argument found before commander is loaded (main.ts reads the file early)', () => {
+  it('is the path commander reads, for each way of writing it', () => {
+    const lines: string[][] = [
+      ['--state', 'a.json'],
+      ['--state=a.json'],
+      ['--portal', 'loopback', '--state', '/tmp/x y.json', '--udp-timeout', '1s'],
+      ['--state', 'a.json', '--state=b.json'],
+      ['--state=', '--portal', 'loopback'],
+      ['--state', '-odd.json'],
+      ['--portal', 'loopback'],
+    ];
+    for (const argv of lines) {
+      const outcome = parseCommandLine(argv);
+      const parsed = outcome.kind === 'run' ? outcome.options.state : undefined;
+      expect({ argv, path: stateArgument(argv) }).toEqual({ argv, path: parsed === '' ? undefined : parsed });
+    }
+  });
+
+  it('finds none after -- or without a value, where commander refuses the line', () => {
+    expect(stateArgument(['--', '--state', 'a.json'])).toBeUndefined();
+    expect(stateArgument(['--state'])).toBeUndefined();
+    expect(parseCommandLine(['--state']).kind).toBe('exit');
   });
 });
 

@@ -1,10 +1,11 @@
 import { mkdtemp, mkdir, open, rename, rm, symlink, writeFile } from 'node:fs/promises';
-import { appendFileSync, readFileSync } from 'node:fs';
+import { appendFileSync, readFileSync, statSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, it, expect } from 'vitest';
 import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
-import { FileSource, readStateFile, type FileSourceOptions } from '../src/io/kube/file-source.js';
+import { FileSource, type FileSourceOptions } from '../src/io/kube/file-source.js';
+import { beginEarlyStateRead, readStateFile, type StateFileRead } from '../src/io/kube/state-file-read.js';
 import { StateCache } from '../src/core/state-cache.js';
 import type { StateSink } from '../src/seams/state-sink.js';
 import { problemString, type ObjectProblem } from '../src/core/model.js';
@@ -99,7 +100,7 @@ const dirs: string[] = [];
 
 type SetupOptions = { pollIntervalMs?: number; debounceMs?: number; subdir?: string; initial?: string; name?: string } & Partial<
   Pick<FileSourceOptions, 'maxBytes' | 'readFile' | 'logger'>
->;
+> & { earlyRead?: (path: string) => Promise<StateFileRead | undefined> };
 
 async function setup(opts: SetupOptions = {}) {
   const dir = await mkdtemp(join(tmpdir(), 'kup-file-source-'));
@@ -117,10 +118,18 @@ async function setup(opts: SetupOptions = {}) {
     pollIntervalMs: opts.pollIntervalMs ?? 100,
     ...(opts.maxBytes !== undefined ? { maxBytes: opts.maxBytes } : {}),
     ...(opts.readFile !== undefined ? { readFile: opts.readFile } : {}),
+    ...(opts.earlyRead !== undefined ? { earlyRead: opts.earlyRead(path) } : {}),
   });
   sources.push(source);
   const sink = new RecordingSink();
   return { dir, stateDir, path, source, sink, lines };
+}
+
+/** `content` in a new file beside `path`, to rename over it. */
+async function writeTemp(path: string, content: string): Promise<string> {
+  const tmp = `${path}.tmp`;
+  await writeFile(tmp, content);
+  return tmp;
 }
 
 afterEach(async () => {
@@ -135,6 +144,46 @@ describe('FileSource', () => {
     await source.synced;
     expect(sink.applied).toEqual([{ services: ['web', 'api'], slices: ['web-abcde', 'api-abcde'] }]);
     expect(lines.filter((l) => l.level >= ERROR)).toEqual([]);
+  });
+
+  it('takes the read begun before it existed as its first read, while the file is unchanged', async () => {
+    // The early read's bytes differ from the file's, its stat is the file's: applied, so the file
+    // itself was not read again.
+    const { source, sink } = await setup({
+      initial: state('web'),
+      earlyRead: async (path) => ({ buf: Buffer.from(state('early')), stat: statSync(path) }),
+    });
+    await source.start(sink);
+    expect(sink.applied).toEqual([{ services: ['early'], slices: ['early-abcde'] }]);
+  });
+
+  it('reads the file again when it changed after the early read, or the early read failed', async () => {
+    const stale = await setup({
+      initial: state('web'),
+      earlyRead: async (path) => {
+        const read = { buf: Buffer.from(state('web')), stat: statSync(path) };
+        // Rewritten after the early read and before the source watched it: no watcher saw it.
+        await rename(await writeTemp(path, state('web', 'api')), path);
+        return read;
+      },
+    });
+    await stale.source.start(stale.sink);
+    expect(stale.sink.applied).toEqual([{ services: ['web', 'api'], slices: ['web-abcde', 'api-abcde'] }]);
+    const failed = await setup({ initial: state('db'), earlyRead: async () => undefined });
+    await failed.source.start(failed.sink);
+    expect(failed.sink.applied).toEqual([{ services: ['db'], slices: ['db-abcde'] }]);
+  });
+
+  it('begins an early read that is the file and its stat, or undefined for what it cannot take whole', async () => {
+    const { stateDir, path } = await setup({ initial: state('web') });
+    const r = await beginEarlyStateRead(path).read;
+    expect(r?.buf.toString()).toBe(state('web'));
+    expect(r?.stat.ino).toBe(statSync(path).ino);
+    await writeFile(join(stateDir, 'empty.json'), '');
+    expect((await beginEarlyStateRead(join(stateDir, 'empty.json')).read)?.buf.length).toBe(0);
+    expect(await beginEarlyStateRead(join(stateDir, 'missing.json')).read).toBeUndefined();
+    expect(await beginEarlyStateRead(stateDir).read).toBeUndefined();
+    expect(await beginEarlyStateRead(path, 10).read).toBeUndefined();
   });
 
   it('reads a real kubectl-shaped fixture', async () => {

@@ -1,5 +1,5 @@
 import { watch, watchFile, unwatchFile, type FSWatcher, type Stats } from 'node:fs';
-import { open, readlink } from 'node:fs/promises';
+import { readlink } from 'node:fs/promises';
 import { performance } from 'node:perf_hooks';
 import { basename, dirname, join, relative, resolve, sep } from 'node:path';
 import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
@@ -11,6 +11,7 @@ import type { Logger } from '../../seams/logger.js';
 import { Backoff, type BackoffOptions } from '../../core/backoff.js';
 import { endsLikeJson, startsLikeJson } from './json-list-scan.js';
 import { ManifestReader, type ManifestChange, type ManifestRead } from './manifest-reader.js';
+import { DEFAULT_MAX_BYTES, earlyReadStillCurrent, readStateFile, type StateFileRead } from './state-file-read.js';
 
 /**
  * Services and EndpointSlices from a file (see manifest.ts for what it may hold), re-read when
@@ -71,51 +72,13 @@ export interface FileSourceOptions {
   maxBytes?: number;
   /** Reads the file, refusing one over maxBytes with ProxyError TOO_LARGE; default readStateFile. A seam for tests. */
   readFile?: (path: string, maxBytes: number) => Promise<Buffer>;
+  /**
+   * The file read before this source existed (state-file-read.ts, beginEarlyStateRead), taken as
+   * the first read if the file is unchanged since; not with readFile.
+   */
+  earlyRead?: Promise<StateFileRead | undefined>;
   /** Retries of a failed read; default from 100 ms, doubling, to 5 s. */
   retry?: Partial<BackoffOptions>;
-}
-
-export const DEFAULT_MAX_BYTES = 256 * 1024 * 1024;
-
-/**
- * The file's bytes, or ProxyError TOO_LARGE before reading a file over maxBytes (or one that grew
- * past it). One read() for the size stat() gave, where fh.readFile() would make one trip to the
- * thread pool per 512 KiB (80 for a 40 MB file, each queued behind whatever else is there); then
- * reads until end of file, for a file that grew meanwhile. Into `into` (the result is a view of
- * it) when it has room: a fresh 40 MB buffer per read is 10,000 pages for the kernel to fault
- * in and zero, ten times a second under churn, and as much again for the collector to free.
- */
-export async function readStateFile(path: string, maxBytes: number, into?: Buffer): Promise<Buffer> {
-  const fh = await open(path, 'r');
-  try {
-    const { size } = await fh.stat();
-    if (size > maxBytes) throw tooLarge(path, size, maxBytes);
-    // One byte more than the size, so that a file that did not grow is read in one call and known
-    // complete; an eighth more room, so that the next read of a growing file fits as well. Never
-    // from the shared pool (allocUnsafeSlow): the buffer is read into again later.
-    const want = Math.min(size, maxBytes) + 1;
-    let buf = into !== undefined && into.length >= want ? into : Buffer.allocUnsafeSlow(Math.min(want + (want >> 3), maxBytes + 1));
-    let length = 0;
-    for (;;) {
-      if (length === buf.length) {
-        if (length > maxBytes) throw tooLarge(path, length, maxBytes);
-        const bigger = Buffer.allocUnsafeSlow(Math.min(length * 2, maxBytes + 1));
-        buf.copy(bigger, 0, 0, length);
-        buf = bigger;
-      }
-      const { bytesRead } = await fh.read(buf, length, buf.length - length, length);
-      if (bytesRead === 0) break;
-      length += bytesRead;
-    }
-    if (length > maxBytes) throw tooLarge(path, length, maxBytes);
-    return buf.subarray(0, length);
-  } finally {
-    await fh.close();
-  }
-}
-
-function tooLarge(path: string, size: number, maxBytes: number): ProxyError {
-  return new ProxyError('TOO_LARGE', `${path}: state file is ${size} bytes, more than the ${maxBytes} read`);
 }
 
 /** Work per turn of the event loop while indexing a whole read in the background. */
@@ -137,6 +100,7 @@ export class FileSource {
   private readonly indexAfterMs: number;
   private readonly maxBytes: number;
   private readonly readFile: ((path: string, maxBytes: number) => Promise<Buffer>) | undefined;
+  private earlyRead: Promise<StateFileRead | undefined> | undefined;
   /**
    * With readStateFile, two buffers the file is read into in turn: `accepted` holds the version
    * the reader compares with (its `last`), `spare` is free to be read into. Nothing else keeps a
@@ -182,6 +146,7 @@ export class FileSource {
     this.indexAfterMs = opts.indexAfterMs ?? 3000;
     this.maxBytes = opts.maxBytes ?? DEFAULT_MAX_BYTES;
     this.readFile = opts.readFile;
+    if (opts.readFile === undefined) this.earlyRead = opts.earlyRead;
     this.retry = new Backoff({ initialMs: 100, maxMs: 5000, ...opts.retry }, Math.random);
     this.names = new Set([basename(opts.path)]);
     this.reader = new ManifestReader(opts.path);
@@ -327,13 +292,25 @@ export class FileSource {
   }
 
   /**
+   * The early read's bytes, once, if it succeeded and the file is still the one it read: asked
+   * after the watchers are armed, so an edit made since is either seen here or seen by them.
+   */
+  private async takeEarlyRead(): Promise<Buffer | undefined> {
+    const early = this.earlyRead;
+    if (early === undefined) return undefined;
+    this.earlyRead = undefined;
+    const r = await early;
+    return r !== undefined && r.buf.length <= this.maxBytes && (await earlyReadStillCurrent(this.path, r.stat)) ? r.buf : undefined;
+  }
+
+  /**
    * The file's content, or undefined when it cannot be read (reported once per kind of failure).
    * A failure other than absence or size is retried with backoff: an edit made while descriptors
    * ran out (EMFILE) sends no second event. Absence waits for the watchers; size, for an edit.
    */
   private async read(): Promise<Buffer | undefined> {
     try {
-      const buf = this.readFile ? await this.readFile(this.path, this.maxBytes) : await readStateFile(this.path, this.maxBytes, this.spare);
+      const buf = (await this.takeEarlyRead()) ?? (this.readFile ? await this.readFile(this.path, this.maxBytes) : await readStateFile(this.path, this.maxBytes, this.spare));
       if (!this.readFile && buf.buffer !== this.accepted) this.spare = Buffer.from(buf.buffer);
       this.lastFailure = undefined;
       this.retry.reset();

@@ -1,0 +1,17 @@
+/**
+ * The `--state` argument as commander will read it (cli.ts), found without loading commander:
+ * main.ts begins reading the file before the rest of the proxy is loaded. `--state FILE` or
+ * `--state=FILE`, the last one given, none after `--`. Only a head start: the file source takes
+ * the early read only if this path is the one the parsed options name (create-source.ts), so a
+ * command line read differently here costs a wasted read, never a wrong state.
+ */
+export function stateArgument(argv: readonly string[]): string | undefined {
+  let path: string | undefined;
+  for (let i = 0; i < argv.length; i++) {
+    const arg = argv[i]!;
+    if (arg === '--') break;
+    if (arg === '--state' && i + 1 < argv.length) path = argv[++i];
+    else if (arg.startsWith('--state=')) path = arg.slice('--state='.length);
+  }
+  return path === '' ? undefined : path;
+}
