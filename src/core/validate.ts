@@ -42,9 +42,15 @@ class Report {
   private readonly listed: ObjectProblem[] = [];
   private firstUnlisted: ObjectProblem | undefined;
   private unlisted = 0;
-  constructor(readonly object: string) {}
+  private label: string | undefined;
+  // The label is made at the first problem: every object of every read passes here, nearly all
+  // without one (20,000 labels, a few milliseconds of a 10,000-Service start).
+  constructor(
+    private readonly kind: string,
+    private readonly obj: unknown,
+  ) {}
   fail(field: string, message: string): void {
-    const p = { object: this.object, field, message };
+    const p = { object: (this.label ??= objectLabel(this.kind, this.obj)), field, message };
     if (this.listed.length < MAX_PROBLEMS) this.listed.push(p);
     else if (this.unlisted++ === 0) this.firstUnlisted = p;
   }
@@ -65,7 +71,7 @@ export function objectLabel(kind: string, obj: unknown): string {
 }
 
 export function validateService(svc: V1Service): ObjectProblem[] {
-  const r = new Report(objectLabel('Service', svc));
+  const r = new Report('Service', svc);
   if (!isRecord(svc)) {
     r.fail('', 'not an object');
     return r.problems;
@@ -82,7 +88,7 @@ export function validateService(svc: V1Service): ObjectProblem[] {
 }
 
 export function validateEndpointSlice(slice: V1EndpointSlice): ObjectProblem[] {
-  const r = new Report(objectLabel('EndpointSlice', slice));
+  const r = new Report('EndpointSlice', slice);
   if (!isRecord(slice)) {
     r.fail('', 'not an object');
     return r.problems;
