@@ -15,17 +15,17 @@ const SUCCESSOR_WAIT_MS = 60_000;
 /** How long a successor that abandons a hand-over lets what it accepted finish before it exits. */
 const ABANDON_DRAIN_MS = 5000;
 
-/**
- * The command behind the `kube-userspace-proxy` binary (main.ts loads it): parses flags, builds
- * the parts, wires signals. The only place that sets process.exitCode. User errors print one line
- * without a stack and exit 2; bugs keep their stack.
- */
 /** What main.ts began before loading this module. */
 export interface CommandStart {
   /** The `--state` file's read, begun while the modules loaded. */
   earlyStateRead?: EarlyStateRead;
 }
 
+/**
+ * The command behind the `kube-userspace-proxy` binary (main.ts loads it): parses flags, builds
+ * the parts, wires signals. The only place that sets process.exitCode. User errors print one line
+ * without a stack and exit 2; bugs keep their stack.
+ */
 async function main(argv: string[], begun: CommandStart): Promise<number> {
   const outcome = parseCommandLine(argv);
   if (outcome.kind === 'exit') {

@@ -37,11 +37,12 @@ export interface CreateSourceDeps {
  * pays for it.
  */
 export async function createSource(config: ProxyConfig, deps: CreateSourceDeps): Promise<Source> {
+  // Taken here whatever the source, so that a read begun for nothing is let go of.
+  const early = deps.earlyStateRead?.take(config.stateFile);
   if (config.stateFile) {
     if (config.kubeconfig || config.master) {
       throw new UsageError('--state serves a file instead of a cluster: drop --kubeconfig/--master, or drop --state');
     }
-    const early = deps.earlyStateRead?.path === config.stateFile ? deps.earlyStateRead.read : undefined;
     return new FileSource({ path: config.stateFile, logger: deps.logger.child({ component: 'file-source' }), ...(early ? { earlyRead: early } : {}) });
   }
   const loaded = deps.cluster ?? (await loadCluster(config, deps));

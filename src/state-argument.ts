@@ -1,9 +1,11 @@
 /**
- * The `--state` argument as commander will read it (cli.ts), found without loading commander:
- * main.ts begins reading the file before the rest of the proxy is loaded. `--state FILE` or
- * `--state=FILE`, the last one given, none after `--`. Only a head start: the file source takes
- * the early read only if this path is the one the parsed options name (create-source.ts), so a
- * command line read differently here costs a wasted read, never a wrong state.
+ * The `--state` argument, found without loading commander: main.ts begins reading the file
+ * before the rest of the proxy is loaded. `--state FILE` or `--state=FILE`, the last one given,
+ * none after `--`: commander's reading in every line where no other option takes `--state` as its
+ * value (`--hostname-override --state=x` gives no state to commander, `x` here). Only a head
+ * start: the file source takes the early read only if this path is the one the parsed options
+ * name (create-source.ts), so a line read differently here costs the read of a regular file for
+ * nothing (let go of once the source is made), never a wrong state.
  */
 export function stateArgument(argv: readonly string[]): string | undefined {
   let path: string | undefined;

@@ -1,5 +1,6 @@
 import { mkdtemp, mkdir, open, rename, rm, symlink, writeFile } from 'node:fs/promises';
 import { appendFileSync, readFileSync, statSync } from 'node:fs';
+import { execFileSync } from 'node:child_process';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, it, expect } from 'vitest';
@@ -125,6 +126,13 @@ async function setup(opts: SetupOptions = {}) {
   return { dir, stateDir, path, source, sink, lines };
 }
 
+/** An early read of `path` as if opened well after its last change, holding `content` (in a buffer of its own). */
+function earlyRead(path: string, content: string): StateFileRead {
+  const buf = Buffer.allocUnsafeSlow(Buffer.byteLength(content));
+  buf.write(content);
+  return { buf, stat: statSync(path, { bigint: true }), openedAtMs: Date.now() + 60_000 };
+}
+
 /** `content` in a new file beside `path`, to rename over it. */
 async function writeTemp(path: string, content: string): Promise<string> {
   const tmp = `${path}.tmp`;
@@ -149,24 +157,15 @@ describe('FileSource', () => {
   it('takes the read begun before it existed as its first read, while the file is unchanged', async () => {
     // The early read's bytes differ from the file's, its stat is the file's: applied, so the file
     // itself was not read again.
-    const { source, sink } = await setup({
-      initial: state('web'),
-      earlyRead: async (path) => ({ buf: Buffer.from(state('early')), stat: statSync(path) }),
-    });
+    const { source, sink } = await setup({ initial: state('web'), earlyRead: async (path) => earlyRead(path, state('early')) });
     await source.start(sink);
     expect(sink.applied).toEqual([{ services: ['early'], slices: ['early-abcde'] }]);
   });
 
   it('reads the file again when it changed after the early read, or the early read failed', async () => {
-    const stale = await setup({
-      initial: state('web'),
-      earlyRead: async (path) => {
-        const read = { buf: Buffer.from(state('web')), stat: statSync(path) };
-        // Rewritten after the early read and before the source watched it: no watcher saw it.
-        await rename(await writeTemp(path, state('web', 'api')), path);
-        return read;
-      },
-    });
+    const stale = await setup({ initial: state('web'), earlyRead: async (path) => earlyRead(path, state('web')) });
+    // Rewritten after the early read and before the source watches it: no watcher sees it.
+    await rename(await writeTemp(stale.path, state('web', 'api')), stale.path);
     await stale.source.start(stale.sink);
     expect(stale.sink.applied).toEqual([{ services: ['web', 'api'], slices: ['web-abcde', 'api-abcde'] }]);
     const failed = await setup({ initial: state('db'), earlyRead: async () => undefined });
@@ -174,16 +173,35 @@ describe('FileSource', () => {
     expect(failed.sink.applied).toEqual([{ services: ['db'], slices: ['db-abcde'] }]);
   });
 
-  it('begins an early read that is the file and its stat, or undefined for what it cannot take whole', async () => {
+  it('reads the file again when its last change was too recent to tell another one in the same tick apart', async () => {
+    const { source, sink } = await setup({
+      initial: state('web'),
+      // Opened 5 ms after the file's last change: an edit in the same 20 ms could keep its stat.
+      earlyRead: async (path) => ({ ...earlyRead(path, state('early')), openedAtMs: Number(statSync(path, { bigint: true }).ctimeNs / 1_000_000n) + 5 }),
+    });
+    await source.start(sink);
+    expect(sink.applied).toEqual([{ services: ['web'], slices: ['web-abcde'] }]);
+  });
+
+  it('begins an early read that is the file and its stat, or undefined for anything else than a regular file read whole', async () => {
     const { stateDir, path } = await setup({ initial: state('web') });
-    const r = await beginEarlyStateRead(path).read;
+    const early = beginEarlyStateRead(path);
+    const r = await early.take(path);
     expect(r?.buf.toString()).toBe(state('web'));
-    expect(r?.stat.ino).toBe(statSync(path).ino);
+    expect(r?.stat.ino).toBe(statSync(path, { bigint: true }).ino);
+    // Taken once, and only for its own path.
+    expect(early.take(path)).toBeUndefined();
+    expect(beginEarlyStateRead(path).take(join(stateDir, 'other.json'))).toBeUndefined();
+    const read = (p: string, maxBytes?: number): Promise<StateFileRead | undefined> | undefined => beginEarlyStateRead(p, maxBytes).take(p);
     await writeFile(join(stateDir, 'empty.json'), '');
-    expect((await beginEarlyStateRead(join(stateDir, 'empty.json')).read)?.buf.length).toBe(0);
-    expect(await beginEarlyStateRead(join(stateDir, 'missing.json')).read).toBeUndefined();
-    expect(await beginEarlyStateRead(stateDir).read).toBeUndefined();
-    expect(await beginEarlyStateRead(path, 10).read).toBeUndefined();
+    expect((await read(join(stateDir, 'empty.json')))?.buf.length).toBe(0);
+    expect(await read(join(stateDir, 'missing.json'))).toBeUndefined();
+    expect(await read(stateDir)).toBeUndefined();
+    expect(await read(path, 10)).toBeUndefined();
+    // A FIFO with no writer: nothing blocks.
+    const fifo = join(stateDir, 'fifo');
+    execFileSync('mkfifo', [fifo]);
+    expect(await read(fifo)).toBeUndefined();
   });
 
   it('reads a real kubectl-shaped fixture', async () => {

@@ -74,7 +74,8 @@ export interface FileSourceOptions {
   readFile?: (path: string, maxBytes: number) => Promise<Buffer>;
   /**
    * The file read before this source existed (state-file-read.ts, beginEarlyStateRead), taken as
-   * the first read if the file is unchanged since; not with readFile.
+   * the first read if it is still the file's content; not with readFile. Its buffer must be its
+   * own: the source reads into it again.
    */
   earlyRead?: Promise<StateFileRead | undefined>;
   /** Retries of a failed read; default from 100 ms, doubling, to 5 s. */
@@ -292,15 +293,16 @@ export class FileSource {
   }
 
   /**
-   * The early read's bytes, once, if it succeeded and the file is still the one it read: asked
-   * after the watchers are armed, so an edit made since is either seen here or seen by them.
+   * The early read's bytes, once, if it succeeded and is still the file's content: asked after the
+   * watchers are armed, so an edit made before then is seen here (earlyReadStillCurrent) and one
+   * made after by them.
    */
   private async takeEarlyRead(): Promise<Buffer | undefined> {
     const early = this.earlyRead;
     if (early === undefined) return undefined;
     this.earlyRead = undefined;
     const r = await early;
-    return r !== undefined && r.buf.length <= this.maxBytes && (await earlyReadStillCurrent(this.path, r.stat)) ? r.buf : undefined;
+    return r !== undefined && r.buf.length <= this.maxBytes && (await earlyReadStillCurrent(this.path, r)) ? r.buf : undefined;
   }
 
   /**

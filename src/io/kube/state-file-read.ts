@@ -1,4 +1,4 @@
-import { close, fstatSync, openSync, read, type Stats } from 'node:fs';
+import { close, constants, fstatSync, openSync, read, statSync, type BigIntStats } from 'node:fs';
 import { open, stat } from 'node:fs/promises';
 import { ProxyError } from '../../core/errors.js';
 
@@ -8,12 +8,6 @@ import { ProxyError } from '../../core/errors.js';
  */
 
 export const DEFAULT_MAX_BYTES = 256 * 1024 * 1024;
-
-/** The early read's bytes, with the file as it was when opened (file-source.ts compares it later). */
-export interface StateFileRead {
-  buf: Buffer;
-  stat: Stats;
-}
 
 /**
  * The file's bytes, or ProxyError TOO_LARGE before reading a file over maxBytes (or one that grew
@@ -58,32 +52,59 @@ function tooLarge(path: string, size: number, maxBytes: number): ProxyError {
 
 /**
  * The state file read as the process starts, while Node loads the proxy's modules (some 80 ms at
- * 10,000 Services, and the read of a 15 MB file is 20-30 ms the event loop would otherwise sit
- * idle for). `path` is the `--state` argument as given; the file source takes the read only for
- * that same path, and only if the file has not changed since (earlyReadStillCurrent).
+ * 10,000 Services, and the read of a 15 MB file is 20-60 ms the event loop would otherwise wait
+ * for afterwards). `path` is the `--state` argument as main.ts found it; the file source takes
+ * the read only for that same path, and only if it is still the file's content (takeEarlyRead).
+ * Taken once: whoever takes it (or finds it is not theirs) leaves nothing behind, so an unused
+ * read of a large file is not kept for the life of the process.
  */
-export interface EarlyStateRead {
-  path: string;
-  /** Never rejects: a failed early read is undefined, and the file source reads (and reports) as usual. */
-  read: Promise<StateFileRead | undefined>;
+export class EarlyStateRead {
+  private read: Promise<StateFileRead | undefined> | undefined;
+
+  constructor(
+    readonly path: string,
+    read: Promise<StateFileRead | undefined>,
+  ) {
+    this.read = read;
+  }
+
+  /** The read, if it was of `path` and not taken before; either way it is let go of. */
+  take(path: string | undefined): Promise<StateFileRead | undefined> | undefined {
+    const read = this.read;
+    this.read = undefined;
+    return path === this.path ? read : undefined;
+  }
+}
+
+/** The early read's bytes; the buffer is its own (the file source reads into it again later). */
+export interface StateFileRead {
+  buf: Buffer;
+  /** The file as opened, before the read; the same after it, or there would be no read. */
+  stat: BigIntStats;
+  /** Date.now() before the file was opened: how recent a change may be and still be told apart. */
+  openedAtMs: number;
 }
 
 export function beginEarlyStateRead(path: string, maxBytes = DEFAULT_MAX_BYTES): EarlyStateRead {
-  return { path, read: new Promise((resolve) => readWhole(path, maxBytes, resolve)) };
+  return new EarlyStateRead(path, new Promise((resolve) => readWhole(path, maxBytes, resolve)));
 }
 
 /**
- * The file in one trip to the thread pool: opened and measured at once (microseconds, and nothing
- * is served yet), then one read of it all. readStateFile's five trips would each wait for
- * the event loop, which is busy loading modules: the read then took 90 ms instead of 25. Anything
- * unusual (not a regular file, too large, grown meanwhile, an error) gives undefined, and the
- * file source reads as usual.
+ * The file in one trip to the thread pool: stat()ed, opened and measured at once (nothing is
+ * served yet), then one read of it all. readStateFile's five trips would each wait for the event
+ * loop, which is busy loading modules: the read then took 90 ms instead of 25. Anything else than
+ * a regular file read whole and unchanged meanwhile gives undefined, and the file source reads
+ * (and reports) as usual: not a regular file (never opened, so a FIFO neither blocks nor loses a
+ * writer's data; O_NONBLOCK for one swapped in between), too large, a short read, a file that
+ * grew or changed during the read, an error, no memory for the buffer. Never rejects.
  */
 function readWhole(path: string, maxBytes: number, done: (r: StateFileRead | undefined) => void): void {
+  const openedAtMs = Date.now();
   let fd: number;
-  let st: Stats;
   try {
-    fd = openSync(path, 'r');
+    const named = statSync(path, { bigint: true });
+    if (!named.isFile() || named.size > BigInt(maxBytes)) return done(undefined);
+    fd = openSync(path, constants.O_RDONLY | constants.O_NONBLOCK);
   } catch {
     return done(undefined);
   }
@@ -92,27 +113,47 @@ function readWhole(path: string, maxBytes: number, done: (r: StateFileRead | und
     close(fd, () => {});
   };
   try {
-    st = fstatSync(fd);
+    const before = fstatSync(fd, { bigint: true });
+    const size = Number(before.size);
+    if (!before.isFile() || size > maxBytes) return finish(undefined);
+    // A byte more than the size, as readStateFile: a file that grew reads it.
+    const want = size + 1;
+    const buf = Buffer.allocUnsafeSlow(Math.min(want + (want >> 3), maxBytes + 1));
+    read(fd, buf, 0, want, 0, (err, bytesRead) => {
+      let after: BigIntStats | undefined;
+      try {
+        after = err ? undefined : fstatSync(fd, { bigint: true });
+      } catch {
+        after = undefined;
+      }
+      const whole = after !== undefined && bytesRead === size && sameFile(before, after);
+      finish(whole ? { buf: buf.subarray(0, size), stat: before, openedAtMs } : undefined);
+    });
   } catch {
-    return finish(undefined);
+    finish(undefined);
   }
-  if (!st.isFile() || st.size > maxBytes) return finish(undefined);
-  // A byte more than the size, as readStateFile: a file that did not grow reads short.
-  const want = st.size + 1;
-  const buf = Buffer.allocUnsafeSlow(Math.min(want + (want >> 3), maxBytes + 1));
-  read(fd, buf, 0, want, 0, (err, bytesRead) => finish(err || bytesRead === want ? undefined : { buf: buf.subarray(0, bytesRead), stat: st }));
 }
 
 /**
- * Whether the file at `path` is still the one `before` describes: same inode, size and change
- * times. The early read is made before the file source watches the file, so an edit in between
- * would otherwise be missed by both of its watchers (the poller compares with its own first stat).
+ * Whether the early read is still the content of the file at `path`, asked once the file source
+ * watches it (so that an edit from then on is theirs to see): the same file by device, inode, size
+ * and change times to the nanosecond, and its last change not so recent that another change in
+ * the same tick of the file system's clock could leave all of these the same (git's "racily
+ * clean" entries): within 20 ms where timestamps have sub-second parts, within 2 s where they are
+ * whole seconds (FAT, some network file systems). A file that fails either is read again.
  */
-export async function earlyReadStillCurrent(path: string, before: Stats): Promise<boolean> {
+export async function earlyReadStillCurrent(path: string, r: StateFileRead): Promise<boolean> {
+  let now: BigIntStats;
   try {
-    const now = await stat(path);
-    return now.dev === before.dev && now.ino === before.ino && now.size === before.size && now.mtimeMs === before.mtimeMs && now.ctimeMs === before.ctimeMs;
+    now = await stat(path, { bigint: true });
   } catch {
     return false;
   }
+  if (!sameFile(r.stat, now)) return false;
+  const granuleMs = r.stat.ctimeNs % 1_000_000_000n === 0n ? 2000 : 20;
+  return Number(r.stat.ctimeNs / 1_000_000n) + granuleMs < r.openedAtMs;
+}
+
+function sameFile(a: BigIntStats, b: BigIntStats): boolean {
+  return a.dev === b.dev && a.ino === b.ino && a.size === b.size && a.mtimeNs === b.mtimeNs && a.ctimeNs === b.ctimeNs;
 }
