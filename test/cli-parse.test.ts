@@ -45,6 +45,12 @@ describe('the --state argument found before commander is loaded (main.ts reads t
     }
   });
 
+  it('finds none where the command exits without a source', () => {
+    for (const flag of [['--help'], ['-h'], ['--version'], ['--cleanup'], ['--write-config-to', 'c.yaml'], ['--write-config-to=c.yaml']]) {
+      expect(stateArgument(['--state', 'a.json', ...flag])).toBeUndefined();
+    }
+  });
+
   it('finds none after -- or without a value, where commander refuses the line', () => {
     expect(stateArgument(['--', '--state', 'a.json'])).toBeUndefined();
     expect(stateArgument(['--state'])).toBeUndefined();

@@ -302,7 +302,11 @@ export class FileSource {
     if (early === undefined) return undefined;
     this.earlyRead = undefined;
     const r = await early;
-    return r !== undefined && r.buf.length <= this.maxBytes && (await earlyReadStillCurrent(this.path, r)) ? r.buf : undefined;
+    if (r === undefined) return undefined;
+    if (r.buf.length <= this.maxBytes && (await earlyReadStillCurrent(this.path, r))) return r.buf;
+    // Read into it again rather than into a second buffer as large beside it.
+    this.spare = Buffer.from(r.buf.buffer);
+    return undefined;
   }
 
   /**

@@ -90,13 +90,14 @@ export function beginEarlyStateRead(path: string, maxBytes = DEFAULT_MAX_BYTES):
 }
 
 /**
- * The file in one trip to the thread pool: stat()ed, opened and measured at once (nothing is
- * served yet), then one read of it all. readStateFile's five trips would each wait for the event
- * loop, which is busy loading modules: the read then took 90 ms instead of 25. Anything else than
- * a regular file read whole and unchanged meanwhile gives undefined, and the file source reads
- * (and reports) as usual: not a regular file (never opened, so a FIFO neither blocks nor loses a
- * writer's data; O_NONBLOCK for one swapped in between), too large, a short read, a file that
- * grew or changed during the read, an error, no memory for the buffer. Never rejects.
+ * The file with one trip to the thread pool: stat()ed, opened and measured on the main thread
+ * (nothing is served yet; microseconds on a local file system), then one read of it all.
+ * readStateFile's five trips would each wait for the event loop, which is busy loading modules:
+ * the read then took 90 ms instead of 25. Anything else than a regular file read whole and
+ * unchanged meanwhile gives undefined, and the file source reads (and reports) as usual: not a
+ * regular file (not opened, so a FIFO does not block; O_NONBLOCK for one swapped in between
+ * the stat and the open), too large, a short read, a file that grew or changed during the read,
+ * an error, no memory for the buffer. Never rejects.
  */
 function readWhole(path: string, maxBytes: number, done: (r: StateFileRead | undefined) => void): void {
   const openedAtMs = Date.now();
@@ -140,7 +141,10 @@ function readWhole(path: string, maxBytes: number, done: (r: StateFileRead | und
  * and change times to the nanosecond, and its last change not so recent that another change in
  * the same tick of the file system's clock could leave all of these the same (git's "racily
  * clean" entries): within 20 ms where timestamps have sub-second parts, within 2 s where they are
- * whole seconds (FAT, some network file systems). A file that fails either is read again.
+ * whole seconds (FAT, some network file systems). A file that fails either is read again. The
+ * rule reads the file's times against this machine's clock: on a network file system whose
+ * server's clock is behind ours and whose timestamps are coarse it can pass a racy file (and such
+ * file systems' attribute caches make stat() stale anyway, early read or not).
  */
 export async function earlyReadStillCurrent(path: string, r: StateFileRead): Promise<boolean> {
   let now: BigIntStats;
