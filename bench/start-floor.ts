@@ -3,22 +3,27 @@
  * The floor under the start-up row (`--only scale-start`): what reading a state file and listening
  * on its Service ports costs on Node, and nothing else, run in the proxy's place (`node
  * dist/bench/run.js --only scale-start --proxy-main dist/bench/start-floor.js`). It reads the file
- * whole, parses it, and for every TCP port of every Service with an IPv4 ClusterIP listens as the
- * proxy's loopback portal does (the ClusterIP's loopback twin, the same server options and
- * backlog), then writes the two log lines the harness times (`loaded state file`, `synced proxy
- * rules`) in pino's shape. No re-execution, validation, translation, endpoints, balancers,
- * bookkeeping, health or metrics: where the proxy's start is near this, the distance to the goal is
- * Node's; what lies between them is this code's.
+ * whole, parses it, and listens on every TCP port of every Service where the proxy's loopback
+ * portal does (the Service's loopback address by the portal's own rule, node ports on 127.0.0.1;
+ * the same server options and backlog), then writes the two log lines the harness times (`loaded
+ * state file`, `synced proxy rules`) in pino's shape. No re-execution, validation, translation,
+ * endpoints, balancers, bookkeeping, health or metrics, and Node's default heap settings: where the
+ * proxy's start is near this, the distance to the goal is Node's; what lies between them is this
+ * code's. UDP ports are left out (the row's files have none).
  * A measuring tool only; nothing of the proxy uses it.
  */
 import { readFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { pathToFileURL } from 'node:url';
+import { isIP } from '../src/core/address.js';
+import { loopbackAddressFor } from '../src/core/loopback-address.js';
+import { namespacedName } from '../src/core/object-key.js';
 import { listenBacklog } from '../src/io/net/listen-backlog.js';
 
 interface Item {
   kind?: string;
-  spec?: { clusterIP?: string; ports?: Array<{ port?: number; protocol?: string }> };
+  metadata?: { namespace?: string; name?: string };
+  spec?: { type?: string; clusterIP?: string; clusterIPs?: string[]; ports?: Array<{ port?: number; protocol?: string; nodePort?: number }> };
 }
 
 /** One pino-shaped info line, as the harness's log reader takes them. */
@@ -26,20 +31,29 @@ function log(msg: string, extra: Record<string, unknown> = {}): void {
   process.stdout.write(`${JSON.stringify({ level: 30, time: new Date().toISOString(), pid: process.pid, ...extra, msg })}\n`);
 }
 
-/** Where the loopback portal serves an IPv4 ClusterIP a.b.c.d: 127.b.c.d (core/loopback-address.ts). */
-function loopbackTwin(clusterIP: string): string | undefined {
-  const dot = clusterIP.indexOf('.');
-  return dot > 0 && !clusterIP.includes(':') ? `127${clusterIP.slice(dot)}` : undefined;
-}
-
-/** Every TCP port of every listed Service with an IPv4 ClusterIP, as host and port. */
+/**
+ * Every TCP port of every listed Service, where the loopback portal listens for it: the
+ * Service's loopback address (core/loopback-address.ts: its IPv4 ClusterIP's twin in 127.0.0.0/8,
+ * else an address hashed from its name; one per Service, taken in file order) for each port,
+ * and 127.0.0.1 for each node port. Services without a ClusterIP (headless, ExternalName) have
+ * no address.
+ */
 export function listenAddresses(items: readonly Item[]): Array<{ host: string; port: number }> {
   const out: Array<{ host: string; port: number }> = [];
+  const taken = new Set<string>();
   for (const item of items) {
     if (item.kind !== 'Service') continue;
-    const host = loopbackTwin(item.spec?.clusterIP ?? '');
-    if (host === undefined) continue;
-    for (const p of item.spec?.ports ?? []) if ((p.protocol ?? 'TCP') === 'TCP' && p.port !== undefined) out.push({ host, port: p.port });
+    const spec = item.spec ?? {};
+    const tcp = (spec.ports ?? []).filter((p) => (p.protocol ?? 'TCP') === 'TCP' && p.port !== undefined);
+    const clusterIPs = (spec.clusterIPs ?? (spec.clusterIP === undefined ? [] : [spec.clusterIP])).filter(isIP);
+    if (clusterIPs.length > 0 && tcp.length > 0) {
+      const host = loopbackAddressFor(namespacedName(item.metadata?.namespace, item.metadata?.name), clusterIPs, (a) => taken.has(a));
+      taken.add(host);
+      for (const p of tcp) out.push({ host, port: p.port as number });
+    }
+    if (spec.type === 'NodePort' || spec.type === 'LoadBalancer') {
+      for (const p of tcp) if (p.nodePort !== undefined && p.nodePort > 0) out.push({ host: '127.0.0.1', port: p.nodePort });
+    }
   }
   return out;
 }

@@ -6,6 +6,7 @@ import { fileURLToPath } from 'node:url';
 import { afterEach, describe, expect, it } from 'vitest';
 import { serveFloor } from '../bench/floor-relay.js';
 import { exchange, tcpBackend, udpEcho, withDeadline } from './helpers/proxy-fixtures.js';
+import { portFree } from './helpers/net.js';
 
 /**
  * bench/floor-relay.ts, the bare relay the bench runs in the proxy's place to show what the
@@ -20,16 +21,7 @@ afterEach(async () => {
 
 const RELAY = fileURLToPath(new URL('../dist/bench/floor-relay.js', import.meta.url));
 
-/** Whether nothing holds host:port any more: a listener without SO_REUSEPORT binds there. */
-function portFree(host: string, port: number): Promise<boolean> {
-  return new Promise((resolve) => {
-    const probe = createServer();
-    probe.once('error', () => resolve(false));
-    probe.listen({ host, port }, () => probe.close(() => resolve(true)));
-  });
-}
-
-/** The same for UDP: a socket without SO_REUSEPORT binds there. */
+/** Whether nothing holds host:port (UDP): a socket without SO_REUSEPORT binds there. */
 function udpPortFree(host: string, port: number): Promise<boolean> {
   return new Promise((resolve) => {
     const probe = createSocket('udp4');

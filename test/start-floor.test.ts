@@ -1,12 +1,15 @@
 import { spawn } from 'node:child_process';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import { connect, createServer } from 'node:net';
+import { connect } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterEach, describe, expect, it } from 'vitest';
+import { sockets } from '../bench/lib/proc.js';
 import { listenAddresses } from '../bench/start-floor.js';
+import { loopbackAddressFor } from '../src/core/loopback-address.js';
 import { withDeadline } from './helpers/proxy-fixtures.js';
+import { portFree } from './helpers/net.js';
 
 /**
  * bench/start-floor.ts, the bare start-up the bench runs in the proxy's place to show what reading
@@ -22,8 +25,8 @@ afterEach(async () => {
 
 const FLOOR = fileURLToPath(new URL('../dist/bench/start-floor.js', import.meta.url));
 
-function service(name: string, clusterIP: string, ports: Array<{ port: number; protocol?: string }>): object {
-  return { apiVersion: 'v1', kind: 'Service', metadata: { namespace: 'default', name }, spec: { clusterIP, clusterIPs: [clusterIP], ports } };
+function service(name: string, clusterIP: string, ports: Array<{ port: number; protocol?: string; nodePort?: number }>, type = 'ClusterIP'): object {
+  return { apiVersion: 'v1', kind: 'Service', metadata: { namespace: 'default', name }, spec: { type, clusterIP, clusterIPs: [clusterIP], ports } };
 }
 
 /** Whether a TCP connection to host:port is accepted (the floor closes it at once). */
@@ -38,27 +41,27 @@ function accepts(host: string, port: number): Promise<boolean> {
   });
 }
 
-/** Whether nothing holds host:port: a listener binds there. */
-function portFree(host: string, port: number): Promise<boolean> {
-  return new Promise((resolve) => {
-    const probe = createServer();
-    probe.once('error', () => resolve(false));
-    probe.listen({ host, port }, () => probe.close(() => resolve(true)));
-  });
-}
-
 describe('start-up floor', () => {
-  it('takes every TCP port of every Service with an IPv4 ClusterIP, at its loopback twin', () => {
+  it('takes every TCP port of every Service where the loopback portal listens for it', () => {
     const items = [
       service('web', '10.96.0.10', [{ port: 80 }, { port: 443, protocol: 'TCP' }, { port: 53, protocol: 'UDP' }]),
       service('headless', 'None', [{ port: 80 }]),
       service('six', 'fd00::10', [{ port: 80 }]),
+      // Its twin, 127.0.0.10, is reserved (127.0.0.0/16 is never handed out): a hashed address.
+      service('low', '10.0.0.10', [{ port: 80 }]),
+      service('np', '10.96.0.11', [{ port: 8080, nodePort: 30080 }, { port: 53, protocol: 'UDP', nodePort: 30053 }], 'NodePort'),
       { kind: 'EndpointSlice', endpoints: [] },
     ];
+    const none = (): boolean => false;
     expect(listenAddresses(items)).toEqual([
       { host: '127.96.0.10', port: 80 },
       { host: '127.96.0.10', port: 443 },
+      { host: loopbackAddressFor('default/six', ['fd00::10'], none), port: 80 },
+      { host: loopbackAddressFor('default/low', ['10.0.0.10'], none), port: 80 },
+      { host: '127.96.0.11', port: 8080 },
+      { host: '127.0.0.1', port: 30080 },
     ]);
+    expect(loopbackAddressFor('default/six', ['fd00::10'], none)).toMatch(/^127\.(1[3-9]\d|12[89]|2\d\d)\./);
   });
 
   it('listens on the state file ports, logs the lines the harness times, and frees the ports on SIGTERM', async () => {
@@ -102,6 +105,8 @@ describe('start-up floor', () => {
     for (const l of lines) expect(Number.isNaN(Date.parse(l.time))).toBe(false);
     expect(lines[1]).toMatchObject({ units: 2, listenErrors: 0 });
     for (const host of hosts) expect(await accepts(host, port)).toBe(true);
+    // And nothing else on this run's addresses: the UDP port is not the row's, and no other socket listens.
+    expect(sockets('tcp').filter((t) => t.state === '0A' && t.host.startsWith(`127.${b}.${c}.`)).map((t) => `${t.host}:${t.port}`).sort()).toEqual(hosts.map((h) => `${h}:${port}`));
 
     floor.kill('SIGTERM');
     expect(await withDeadline(exited, 5000, 'the start floor to exit on SIGTERM')).toBe(0);

@@ -98,7 +98,6 @@ export function udpRequest(host: string, port: number, data: Buffer | string, ti
   });
 }
 
-/** A free TCP and UDP port on loopback, for Service ports in tests (the kernel picks it). */
 /**
  * The first of `count` consecutive TCP ports free on `host`, below the kernel's ephemeral range:
  * a port the kernel handed out (freePort) has neighbours that other tests' outgoing connections
@@ -129,6 +128,16 @@ export async function freePortRun(count: number, host = '127.0.0.1'): Promise<nu
   throw new Error(`no ${count} free consecutive ports`);
 }
 
+/** Whether nothing holds host:port (TCP): a listener without SO_REUSEPORT binds there. */
+export function portFree(host: string, port: number): Promise<boolean> {
+  return new Promise((resolve) => {
+    const probe = createServer();
+    probe.once('error', () => resolve(false));
+    probe.listen({ host, port }, () => probe.close(() => resolve(true)));
+  });
+}
+
+/** A free TCP and UDP port on loopback, for Service ports in tests (the kernel picks it). */
 export async function freePort(host = '127.0.0.1'): Promise<number> {
   for (let i = 0; i < 20; i++) {
     const server = createServer();
