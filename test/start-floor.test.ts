@@ -65,8 +65,8 @@ describe('start-up floor', () => {
   });
 
   it('listens on the state file ports, logs the lines the harness times, and frees the ports on SIGTERM', async () => {
-    // Addresses of this run's own, off the bench's lanes.
-    const b = 200 + (process.pid % 50);
+    // Addresses of this run's own, off the bench's lanes and floor-relay.test.ts's (127.200-249.*.*:18080).
+    const b = 150 + (process.pid % 50);
     const c = 2 + Math.floor(Math.random() * 250);
     const port = 18080;
     const hosts = [`127.${b}.${c}.1`, `127.${b}.${c}.2`];
