@@ -381,6 +381,9 @@ export class LocalUnitSet implements UnitSet, AffinityShare, TcpHandOffs {
 
   /** Binds again what failed before this batch: how many still fail, and how many are bound now. */
   private async retryListeners(batch: UnitBatch): Promise<{ failed: number; bound: number }> {
+    // Nothing failed anywhere (the usual case): no walk over every unit, which at 10,000 service
+    // ports is 12 ms of the first sync's end (the batch's Set and the walk, cold code).
+    if (this.failing === 0) return { failed: 0, bound: 0 };
     const fresh = new Set([...batch.open, ...batch.recreate].map((o) => o.unit.id));
     let failed = 0;
     let bound = 0;
