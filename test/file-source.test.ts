@@ -7,6 +7,7 @@ import { afterEach, describe, it, expect } from 'vitest';
 import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
 import { FileSource, type FileSourceOptions } from '../src/io/kube/file-source.js';
 import { beginEarlyStateRead, readStateFile, type StateFileRead } from '../src/io/kube/state-file-read.js';
+import { earlyReadOf } from './helpers/early-read.js';
 import { StateCache } from '../src/core/state-cache.js';
 import type { StateSink } from '../src/seams/state-sink.js';
 import { problemString, type ObjectProblem } from '../src/core/model.js';
@@ -126,13 +127,6 @@ async function setup(opts: SetupOptions = {}) {
   return { dir, stateDir, path, source, sink, lines };
 }
 
-/** An early read of `path` as if opened well after its last change, holding `content` (in a buffer of its own). */
-function earlyRead(path: string, content: string): StateFileRead {
-  const buf = Buffer.allocUnsafeSlow(Buffer.byteLength(content));
-  buf.write(content);
-  return { buf, stat: statSync(path, { bigint: true }), openedAtMs: Date.now() + 60_000 };
-}
-
 /** `content` in a new file beside `path`, to rename over it. */
 async function writeTemp(path: string, content: string): Promise<string> {
   const tmp = `${path}.tmp`;
@@ -157,17 +151,19 @@ describe('FileSource', () => {
   it('takes the read begun before it existed as its first read, while the file is unchanged', async () => {
     // The early read's bytes differ from the file's, its stat is the file's: applied, so the file
     // itself was not read again.
-    const { source, sink } = await setup({ initial: state('web'), earlyRead: async (path) => earlyRead(path, state('early')) });
+    const { source, sink, lines } = await setup({ initial: state('web'), earlyRead: async (path) => earlyReadOf(path, state('early')) });
     await source.start(sink);
     expect(sink.applied).toEqual([{ services: ['early'], slices: ['early-abcde'] }]);
+    expect(lines.find((l) => l.msg === 'loaded state file')).toMatchObject({ earlyRead: true });
   });
 
   it('reads the file again when it changed after the early read, or the early read failed', async () => {
-    const stale = await setup({ initial: state('web'), earlyRead: async (path) => earlyRead(path, state('web')) });
+    const stale = await setup({ initial: state('web'), earlyRead: async (path) => earlyReadOf(path, state('web')) });
     // Rewritten after the early read and before the source watches it: no watcher sees it.
     await rename(await writeTemp(stale.path, state('web', 'api')), stale.path);
     await stale.source.start(stale.sink);
     expect(stale.sink.applied).toEqual([{ services: ['web', 'api'], slices: ['web-abcde', 'api-abcde'] }]);
+    expect(stale.lines.find((l) => l.msg === 'loaded state file')).not.toHaveProperty('earlyRead');
     const failed = await setup({ initial: state('db'), earlyRead: async () => undefined });
     await failed.source.start(failed.sink);
     expect(failed.sink.applied).toEqual([{ services: ['db'], slices: ['db-abcde'] }]);
@@ -177,7 +173,7 @@ describe('FileSource', () => {
     const { source, sink } = await setup({
       initial: state('web'),
       // Opened 5 ms after the file's last change: an edit in the same 20 ms could keep its stat.
-      earlyRead: async (path) => ({ ...earlyRead(path, state('early')), openedAtMs: Number(statSync(path, { bigint: true }).ctimeNs / 1_000_000n) + 5 }),
+      earlyRead: async (path) => ({ ...earlyReadOf(path, state('early')), openedAtMs: Number(statSync(path, { bigint: true }).ctimeNs / 1_000_000n) + 5 }),
     });
     await source.start(sink);
     expect(sink.applied).toEqual([{ services: ['web'], slices: ['web-abcde'] }]);

@@ -102,6 +102,8 @@ export class FileSource {
   private readonly maxBytes: number;
   private readonly readFile: ((path: string, maxBytes: number) => Promise<Buffer>) | undefined;
   private earlyRead: Promise<StateFileRead | undefined> | undefined;
+  /** The last read() was the early read's (said in the `loaded state file` line). */
+  private readWasEarly = false;
   /**
    * With readStateFile, two buffers the file is read into in turn: `accepted` holds the version
    * the reader compares with (its `last`), `spare` is free to be read into. Nothing else keeps a
@@ -234,6 +236,8 @@ export class FileSource {
     const startedAt = performance.now();
     const buf = await this.read();
     const readMs = performance.now() - startedAt;
+    const earlyRead = this.readWasEarly;
+    this.readWasEarly = false;
     if (buf === undefined || this.stopped || this.failed?.equals(buf)) return;
     // Milliseconds until the file has been quiet for debounceMs (<= 0: it has).
     const unquietMs = this.started ? this.debounceMs - (performance.now() - this.lastEventAt) : 0;
@@ -265,7 +269,7 @@ export class FileSource {
     this.failed = undefined;
     read.accept();
     if (!this.readFile) this.swapBuffers(buf);
-    this.apply(read.change, { readMs, loadMs: performance.now() - startedAt });
+    this.apply(read.change, { readMs, loadMs: performance.now() - startedAt, earlyRead });
   }
 
   /**
@@ -303,7 +307,10 @@ export class FileSource {
     this.earlyRead = undefined;
     const r = await early;
     if (r === undefined) return undefined;
-    if (r.buf.length <= this.maxBytes && (await earlyReadStillCurrent(this.path, r))) return r.buf;
+    if (r.buf.length <= this.maxBytes && (await earlyReadStillCurrent(this.path, r))) {
+      this.readWasEarly = true;
+      return r.buf;
+    }
     // Read into it again rather than into a second buffer as large beside it.
     this.spare = Buffer.from(r.buf.buffer);
     return undefined;
@@ -343,8 +350,11 @@ export class FileSource {
     }
   }
 
-  /** `took`: milliseconds reading the file, and reading, comparing and parsing it (for the log: where an edit's time went). */
-  private apply(change: ManifestChange, took: { readMs: number; loadMs: number }): void {
+  /**
+   * `took`: milliseconds reading the file, and reading, comparing and parsing it, and whether the
+   * read was the early one (for the log: where an edit's time went).
+   */
+  private apply(change: ManifestChange, took: { readMs: number; loadMs: number; earlyRead?: boolean }): void {
     const sink = this.sink;
     if (!sink) return;
     let counts: { services: number; endpointSlices: number };
@@ -382,7 +392,7 @@ export class FileSource {
     if (change.kind === 'full') this.indexLater();
     const changed = change.kind === 'full' ? 'all' : change.upsertServices.length + change.upsertEndpointSlices.length + change.deleteServices.length + change.deleteEndpointSlices.length;
     const ms = (v: number): number => Math.round(v * 10) / 10;
-    this.log.info({ file: this.path, ...counts, changed, readMs: ms(took.readMs), loadMs: ms(took.loadMs) }, 'loaded state file');
+    this.log.info({ file: this.path, ...counts, changed, readMs: ms(took.readMs), loadMs: ms(took.loadMs), ...(took.earlyRead === true ? { earlyRead: true } : {}) }, 'loaded state file');
   }
 
   /** `buf` (a view of the spare) was accepted: the buffer that held the version before is now the spare. */
