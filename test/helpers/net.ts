@@ -99,15 +99,23 @@ export function udpRequest(host: string, port: number, data: Buffer | string, ti
 }
 
 /**
+ * The first of `count` consecutive ports from a random place between 20000 and the kernel's
+ * ephemeral range, where no bind to port 0 and no outgoing connection takes a port.
+ */
+export function portBelowEphemeral(count = 1): number {
+  const [ephemeralLow] = readFileSync('/proc/sys/net/ipv4/ip_local_port_range', 'utf8').trim().split(/\s+/).map(Number);
+  const top = Math.min(ephemeralLow ?? 32768, 32768) - count;
+  return 20000 + Math.floor(Math.random() * (top - 20000));
+}
+
+/**
  * The first of `count` consecutive TCP ports free on `host`, below the kernel's ephemeral range:
  * a port the kernel handed out (freePort) has neighbours that other tests' outgoing connections
  * take at any moment, so a run picked there is not free for long.
  */
 export async function freePortRun(count: number, host = '127.0.0.1'): Promise<number> {
-  const [ephemeralLow] = readFileSync('/proc/sys/net/ipv4/ip_local_port_range', 'utf8').trim().split(/\s+/).map(Number);
-  const top = Math.min(ephemeralLow ?? 32768, 32768) - count;
   for (let i = 0; i < 50; i++) {
-    const base = 20000 + Math.floor(Math.random() * (top - 20000));
+    const base = portBelowEphemeral(count);
     const held: Server[] = [];
     try {
       for (let p = base; p < base + count; p++) {

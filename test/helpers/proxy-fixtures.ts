@@ -3,6 +3,7 @@ import { createSocket, type Socket as UdpSocket } from 'node:dgram';
 import { readdirSync } from 'node:fs';
 import { connect, createServer, type AddressInfo, type Server, type Socket } from 'node:net';
 import { createLogger, type Logger } from '../../src/log.js';
+import { freePortRun, portBelowEphemeral } from './net.js';
 
 /** Reject when `promise` has not settled within `ms`: every wait in these tests is bounded. */
 export function withDeadline<T>(promise: Promise<T>, ms: number, what: string): Promise<T> {
@@ -77,20 +78,29 @@ function listenTcp(server: Server, host: string): Promise<void> {
   });
 }
 
-/** A loopback port that refuses connections: bound once by the kernel's choice, then closed. */
-export async function closedTcpPort(host = '127.0.0.1'): Promise<number> {
-  const server = createServer();
-  await listenTcp(server, host);
-  const port = (server.address() as AddressInfo).port;
-  await new Promise<void>((resolve) => server.close(() => resolve()));
-  return port;
+/**
+ * A TCP port nothing listens on, for dials that must be refused; below the kernel's ephemeral
+ * range (helpers/net.ts). A port listen(0) handed out and was closed again is the next listen(0)'s
+ * to take, in any test of the run: a backend started after it once took the "closed" port, and
+ * the dial meant to be refused was answered.
+ */
+export function closedTcpPort(host = '127.0.0.1'): Promise<number> {
+  return freePortRun(1, host);
 }
 
+/** A UDP port nothing is bound to, below the ephemeral range for the same reason as closedTcpPort. */
 export async function closedUdpPort(host = '127.0.0.1'): Promise<number> {
-  const s = await boundUdp(host);
-  const port = s.address().port;
-  await new Promise<void>((resolve) => s.close(() => resolve()));
-  return port;
+  for (let i = 0; i < 50; i++) {
+    const port = portBelowEphemeral();
+    const s = createSocket(host.includes(':') ? 'udp6' : 'udp4');
+    const bound = await new Promise<boolean>((resolve) => {
+      s.once('error', () => resolve(false));
+      s.bind(port, host, () => resolve(true));
+    });
+    await new Promise<void>((resolve) => s.close(() => resolve()));
+    if (bound) return port;
+  }
+  throw new Error('no free UDP port below the ephemeral range');
 }
 
 export async function boundUdp(host = '127.0.0.1'): Promise<UdpSocket> {
