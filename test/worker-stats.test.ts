@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { ServicePortStats } from '../src/core/stats.js';
-import { FIELD_COUNT, NodeStats, StatsReporter, addFlat, flattenStats } from '../src/core/worker-stats.js';
+import { FIELD_COUNT, NodeStats, StatsReporter, addFlat, flattenStats, seriesKey as seriesKeyOf } from '../src/core/worker-stats.js';
 
 /** The node's counters over worker processes: reports of what changed, summed; a dead worker's kept. */
 
@@ -25,6 +25,24 @@ describe('flat stats', () => {
     const back = new ServicePortStats();
     addFlat(back, flat);
     expect(flattenStats(back)).toEqual(flat);
+  });
+
+  it('carries every number ServicePortStats counts, through a report to the node', () => {
+    // Each plain number gets its own value; a field the flat form forgot reads 0 at the node.
+    const s = new ServicePortStats();
+    const numbers = Object.keys(s).filter((k) => typeof (s as unknown as Record<string, unknown>)[k] === 'number');
+    expect(numbers.length).toBeGreaterThan(15);
+    numbers.forEach((k, i) => {
+      (s as unknown as Record<string, number>)[k] = i + 1;
+    });
+    s.dialFailures.unreachable = 99;
+    s.observeDialLatency(0.003);
+    const node = new NodeStats();
+    node.update(0, new StatsReporter().report([{ labels: WEB, stats: s }], 0));
+    const t = node.read().series[0]?.totals as unknown as Record<string, unknown>;
+    for (const k of numbers) expect([k, t[k]]).toEqual([k, (s as unknown as Record<string, unknown>)[k]]);
+    expect((t.dialFailures as Record<string, number>).unreachable).toBe(99);
+    expect(t.dialLatencyCounts).toEqual(s.dialLatencyCounts);
   });
 });
 
@@ -101,6 +119,27 @@ describe('StatsReporter', () => {
     expect(r.series[0]?.[1].slice(0, 4)).toEqual([7, 0, 0, 100]);
   });
 
+  it('sees held connections come and go, and counts a retired unit until its held connections are gone', () => {
+    const reporter = new StatsReporter();
+    const s = new ServicePortStats();
+    reporter.report([{ labels: WEB, stats: s }], 0);
+    s.held = 2;
+    s.heldTotal = 2;
+    expect(reporter.report([{ labels: WEB, stats: s }], 0).series).toEqual([[seriesKeyOf(WEB), flattenStats(s)]]);
+    s.heldTotal = 5;
+    s.held = 2; // three more came and went between two reports: the counter moved, the gauge did not
+    expect(reporter.report([{ labels: WEB, stats: s }], 0).series).toHaveLength(1);
+    // The unit is recreated; the old one still holds two connections, which later time out.
+    const fresh = new ServicePortStats();
+    reporter.report([{ labels: WEB, stats: fresh }], 0);
+    s.held = 0;
+    s.holdExpired = 2;
+    const [[, flat]] = reporter.report([{ labels: WEB, stats: fresh }], 0).series as [[string, number[]]];
+    const back = new ServicePortStats();
+    addFlat(back, flat);
+    expect({ held: back.held, heldTotal: back.heldTotal, holdExpired: back.holdExpired }).toEqual({ held: 0, heldTotal: 5, holdExpired: 2 });
+  });
+
   it('sees a gauge that moved alone (a connection that closed without a byte)', () => {
     const reporter = new StatsReporter();
     const s = new ServicePortStats();
@@ -148,6 +187,20 @@ describe('NodeStats', () => {
     expect(node.slot(0)).toMatchObject({ active: 1 });
     expect(node.slot(0).totals.accepted).toBe(6);
     expect(node.slot(1).totals.accepted).toBe(7);
+  });
+
+  it('keeps a running series whole while every worker is down at once, and after their replacements report', () => {
+    const node = new NodeStats();
+    node.update(0, workerReport(new StatsReporter(), 100, 0));
+    node.update(1, workerReport(new StatsReporter(), 100, 0));
+    node.retire(0);
+    node.retire(1);
+    const running = (key: string): boolean => key === seriesKeyOf(WEB);
+    // Two scrapes while both replacements are in their restart backoff.
+    expect(node.read(running).series[0]?.totals.accepted).toBe(200);
+    expect(node.read(running).series[0]?.totals.accepted).toBe(200);
+    node.update(0, workerReport(new StatsReporter(), 1, 0));
+    expect(node.read(running).series[0]?.totals.accepted).toBe(201);
   });
 
   it('drops a dead worker\'s series once no worker serves it, keeping it in the node\'s totals', () => {

@@ -10,25 +10,32 @@ import { DIAL_LATENCY_BUCKETS, type ServicePortStats } from './stats.js';
  * (it came after the controller stopped waiting) is made good by the next, as a report sent twice
  * sets the same values twice. The controller keeps every worker's last report and sums them per
  * series at scrape time. A worker that exits (or is killed) is folded into a base that the sums
- * keep: its counters stay in the node's totals, its gauges (connections and sessions open) drop
- * to zero, as its connections did. What it counted after its last report is lost.
+ * keep: its counters stay in the node's totals, its gauges (connections, sessions and held
+ * connections open) drop to zero, as its connections did. What it counted after its last report is lost.
  */
 
 /** The flat form of a ServicePortStats: FIELD_COUNT numbers, in the order of flattenStats(). */
 export type FlatStats = number[];
 
-const FIXED_FIELDS = 19;
-export const FIELD_COUNT = FIXED_FIELDS + DIAL_LATENCY_BUCKETS.length + 1;
+/**
+ * The plain numbers of ServicePortStats a flat snapshot carries, in its order; the four dial
+ * failures and the latency buckets follow. Every number a worker counts must be here, or the node
+ * never sees it (test/worker-stats.test.ts checks each one through a report).
+ */
+const SCALARS = [
+  'accepted', 'active', 'bytesToEndpoint', 'bytesToClient', 'dialAttempts', 'noEndpointRejects', 'dialExhausted',
+  'udpSessionsActive', 'udpSessionsCreated', 'udpSessionsReclaimed', 'udpDatagrams', 'udpDatagramsDropped',
+  'udpReceiveBufferDrops', 'outlierEjections', 'held', 'heldTotal', 'holdExpired', 'dialLatencySum', 'dialLatencyCount',
+] as const satisfies ReadonlyArray<keyof ServicePortStats>;
+
+export const FIELD_COUNT = SCALARS.length + DIAL_FAILURE_REASONS.length + DIAL_LATENCY_BUCKETS.length + 1;
 /** Indexes of the gauges (not counters): a worker gone takes these to zero. */
-const GAUGES = [1, 11] as const;
+const GAUGES = (['active', 'udpSessionsActive', 'held'] as const).map((name) => SCALARS.indexOf(name));
 
 export function flattenStats(s: ServicePortStats): FlatStats {
-  const out: number[] = [
-    s.accepted, s.active, s.bytesToEndpoint, s.bytesToClient, s.dialAttempts,
-    ...DIAL_FAILURE_REASONS.map((r) => s.dialFailures[r]),
-    s.noEndpointRejects, s.dialExhausted, s.udpSessionsActive, s.udpSessionsCreated, s.udpSessionsReclaimed,
-    s.udpDatagrams, s.udpDatagramsDropped, s.udpReceiveBufferDrops, s.dialLatencySum, s.dialLatencyCount,
-  ];
+  const out: number[] = [];
+  for (const name of SCALARS) out.push(s[name]);
+  for (const r of DIAL_FAILURE_REASONS) out.push(s.dialFailures[r]);
   for (const c of s.dialLatencyCounts) out.push(c);
   return out;
 }
@@ -36,24 +43,9 @@ export function flattenStats(s: ServicePortStats): FlatStats {
 /** Adds a flat snapshot into `t`. */
 export function addFlat(t: ServicePortStats, f: readonly number[]): void {
   let i = 0;
-  const n = (): number => f[i++] ?? 0;
-  t.accepted += n();
-  t.active += n();
-  t.bytesToEndpoint += n();
-  t.bytesToClient += n();
-  t.dialAttempts += n();
-  for (const r of DIAL_FAILURE_REASONS) t.dialFailures[r] += n();
-  t.noEndpointRejects += n();
-  t.dialExhausted += n();
-  t.udpSessionsActive += n();
-  t.udpSessionsCreated += n();
-  t.udpSessionsReclaimed += n();
-  t.udpDatagrams += n();
-  t.udpDatagramsDropped += n();
-  t.udpReceiveBufferDrops += n();
-  t.dialLatencySum += n();
-  t.dialLatencyCount += n();
-  for (let b = 0; b < t.dialLatencyCounts.length; b++) t.dialLatencyCounts[b] = (t.dialLatencyCounts[b] as number) + n();
+  for (const name of SCALARS) t[name] += f[i++] ?? 0;
+  for (const r of DIAL_FAILURE_REASONS) t.dialFailures[r] += f[i++] ?? 0;
+  for (let b = 0; b < t.dialLatencyCounts.length; b++) t.dialLatencyCounts[b] = (t.dialLatencyCounts[b] as number) + (f[i++] ?? 0);
 }
 
 function addInto(into: number[], f: readonly number[]): void {
@@ -97,6 +89,7 @@ interface Tracked {
   counters: number;
   active: number;
   sessions: number;
+  held: number;
   /** The report that last saw it running. */
   seen: number;
 }
@@ -113,7 +106,7 @@ function counterSum(s: ServicePortStats): number {
   const f = s.dialFailures;
   return s.accepted + s.bytesToEndpoint + s.bytesToClient + s.dialAttempts + f.refused + f.timeout + f.unreachable + f.other
     + s.noEndpointRejects + s.dialExhausted + s.udpSessionsCreated + s.udpSessionsReclaimed + s.udpDatagrams
-    + s.udpDatagramsDropped + s.udpReceiveBufferDrops + s.dialLatencyCount;
+    + s.udpDatagramsDropped + s.udpReceiveBufferDrops + s.outlierEjections + s.heldTotal + s.holdExpired + s.dialLatencyCount;
 }
 
 const zeros = (): FlatStats => new Array<number>(FIELD_COUNT).fill(0);
@@ -147,7 +140,7 @@ export class StatsReporter {
       let t = this.tracked.get(stats);
       if (t === undefined) {
         const key = seriesKey(labels);
-        t = { key, stats, counters: -1, active: -1, sessions: -1, seen: round };
+        t = { key, stats, counters: -1, active: -1, sessions: -1, held: -1, seen: round };
         this.tracked.set(stats, t);
         let state = this.series.get(key);
         if (state === undefined) {
@@ -161,9 +154,10 @@ export class StatsReporter {
     }
     for (const t of this.tracked.values()) {
       if (t.seen === round) continue;
-      // Retired: it counts until its last connection or session is gone, then folds into the base.
+      // Retired: it counts until its last connection, session or held connection is gone, then
+      // folds into the base.
       if (changed(t)) dirty.add(t.key);
-      if (t.stats.active === 0 && t.stats.udpSessionsActive === 0) {
+      if (t.stats.active === 0 && t.stats.udpSessionsActive === 0 && t.stats.held === 0) {
         const state = this.series.get(t.key) as SeriesState;
         addInto(state.base, flattenStats(t.stats));
         state.objects.delete(t);
@@ -206,10 +200,11 @@ export class StatsReporter {
 function changed(t: Tracked): boolean {
   const s = t.stats;
   const counters = counterSum(s);
-  if (counters === t.counters && s.active === t.active && s.udpSessionsActive === t.sessions) return false;
+  if (counters === t.counters && s.active === t.active && s.udpSessionsActive === t.sessions && s.held === t.held) return false;
   t.counters = counters;
   t.active = s.active;
   t.sessions = s.udpSessionsActive;
+  t.held = s.held;
   return true;
 }
 
@@ -228,7 +223,7 @@ export interface SlotTotals {
 /** The controller's side: every worker's last report, summed per series. */
 export class NodeStats {
   private readonly workers = new Map<number, WorkerCounters>();
-  /** Series totals of workers gone, per series key; `gone`: read once with no worker reporting it. */
+  /** Series totals of workers gone, per series key; `gone`: read once with no worker reporting it and not running. */
   private readonly retired = new Map<string, { flat: FlatStats; gone: boolean }>();
   /** Node totals of workers gone. */
   private readonly retiredNode: FlatStats = new Array<number>(FIELD_COUNT).fill(0);
@@ -275,8 +270,13 @@ export class NodeStats {
     return n;
   }
 
-  /** The node's series and totals: every worker's last report plus what workers gone had counted. */
-  read(): Reading {
+  /**
+   * The node's series and totals: every worker's last report plus what workers gone had counted.
+   * `running`: whether a series (by seriesKey) belongs to a unit the controller runs now. A series
+   * no worker reports is kept while it runs (every worker may be down at once, waiting for its replacement), and
+   * otherwise dropped one reading later; without `running`, as if none ran.
+   */
+  read(running?: (key: string) => boolean): Reading {
     const sums = new Map<string, Totals>();
     const total = (key: string): Totals => {
       let t = sums.get(key);
@@ -293,7 +293,7 @@ export class NodeStats {
       for (const [key, flat] of w.series) addFlat(total(key), flat);
     }
     for (const [key, r] of this.retired) {
-      if (!sums.has(key)) {
+      if (!sums.has(key) && running?.(key) !== true) {
         // No worker serves this series any more: drop it one reading later, so its last values are
         // read once (they stay in the node's totals).
         if (r.gone) {
