@@ -265,4 +265,52 @@ describe('WorkerPool', () => {
     expect(cut).toBe(20);
     expect(launcher.launched.every((w) => w.dead)).toBe(true);
   });
+
+  it('counts as cut the connections of a worker that dies while draining', async () => {
+    // Worker 0 dies as soon as it has begun to drain, before it can answer.
+    const launcher: InProcessLauncher = new InProcessLauncher({
+      seed: SEED,
+      onReceive: (index, m) => {
+        if (index === 0 && m.t === 'shutdown') setImmediate(() => launcher.current(0).crash());
+      },
+    });
+    const pool = await startPool(launcher);
+    const [a] = await backends('a');
+    await pool.apply(batch({ open: [{ unit: unit('default/web:http', [a as Endpoint]), listen: PROXY_PORT_SPEC }] }));
+    const port = pool.views()[0]?.proxyPort as number;
+    const held: Socket[] = [];
+    for (let i = 0; i < 20; i++) {
+      const s = connect({ host: '127.0.0.1', port });
+      await withDeadline(new Promise((r) => s.once('data', r)), 5000, 'the connection to be spliced');
+      s.on('error', () => undefined);
+      held.push(s);
+    }
+    closers.push(() => held.forEach((s) => s.destroy()));
+    await pool.refreshFigures();
+    const open = pool.figures().map((f) => f.active);
+    expect(open.every((n) => n > 0)).toBe(true);
+    expect((await pool.shutdown(100)).cut).toBe(20);
+  });
+
+  it('sums held connections and their counters over the workers (hold-when-empty)', async () => {
+    const launcher = new InProcessLauncher({ seed: SEED });
+    const pool = await startPool(launcher);
+    await pool.apply(batch({ open: [{ unit: { ...unit('default/web:http', []), holdWhenEmptyMs: 30_000 }, listen: PROXY_PORT_SPEC }] }));
+    const port = pool.views()[0]?.proxyPort as number;
+    const held: Socket[] = [];
+    for (let i = 0; i < 10; i++) {
+      const s = connect({ host: '127.0.0.1', port });
+      s.on('error', () => undefined);
+      held.push(s);
+    }
+    closers.push(() => held.forEach((s) => s.destroy()));
+    const heldIn = (i: number): number => launcher.current(i).units.stats().reduce((n, u) => n + u.stats.held, 0);
+    await waitFor(() => heldIn(0) + heldIn(1) === 10, 'the workers to hold all 10');
+    // The kernel spread them over both workers (SO_REUSEPORT), so one worker's figure is not the node's.
+    expect([heldIn(0), heldIn(1)].every((n) => n > 0)).toBe(true);
+    const totals = (await pool.readStats()).reading.series[0]?.totals;
+    expect({ held: totals?.held, heldTotal: totals?.heldTotal }).toEqual({ held: 10, heldTotal: 10 });
+    await pool.refresh();
+    expect(pool.status()[0]?.held).toBe(10);
+  });
 });

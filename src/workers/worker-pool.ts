@@ -3,7 +3,7 @@ import type { Clock, RandomSource } from '../core/clock.js';
 import { ProxyError } from '../core/errors.js';
 import type { Endpoint } from '../core/model.js';
 import type { Reading } from '../core/stats-ledger.js';
-import { NodeStats, type WorkerReport } from '../core/worker-stats.js';
+import { NodeStats, seriesKey, type WorkerReport } from '../core/worker-stats.js';
 import type { Logger } from '../seams/logger.js';
 import type { RunningUnitView } from '../seams/portal.js';
 import type { CloseOptions } from '../seams/proxy-socket.js';
@@ -31,6 +31,8 @@ export interface WorkerPoolOptions {
   /** A worker that ran at least this long before dying is replaced at once; one that died sooner after a backoff. */
   stableMs?: number;
   restartBackoff?: Partial<BackoffOptions>;
+  /** A worker began holding connections on `servicePort` for want of endpoints (hold-when-empty; --emit-events). */
+  onNeedPods?: (servicePort: string) => void;
 }
 
 /**
@@ -283,6 +285,9 @@ export class WorkerPool implements UnitSet {
     clearInterval(this.reportTimer);
     for (const slot of this.slots) clearTimeout(slot.restartTimer);
     const live = this.slots.filter((s) => s.handle !== undefined);
+    // What each had open, as last reported: a worker that dies while draining is retired (and its
+    // figures cleared) before its reply is missed.
+    const openBefore = new Map(live.map((slot) => [slot, this.nodeStats.slot(slot.index).active]));
     const replies = await Promise.all(live.map(async (slot) => ({ slot, reply: await this.request(slot, (id) => ({ t: 'shutdown', id, graceMs, ack: slot.acked, ...(opts?.handOver === true ? { handOver: true } : {}) }), graceMs + SHUTDOWN_MARGIN_MS) })));
     let cut = 0;
     for (const { slot, reply } of replies) {
@@ -292,7 +297,7 @@ export class WorkerPool implements UnitSet {
         continue;
       }
       // Hung (or gone): what it had open is cut with it.
-      cut += this.nodeStats.slot(slot.index).active;
+      cut += openBefore.get(slot) ?? 0;
       if (slot.handle !== undefined) {
         this.log.warn({ worker: slot.index, pid: slot.pid }, 'worker did not drain in time: killing it');
         slot.handle.kill('SIGKILL');
@@ -307,7 +312,13 @@ export class WorkerPool implements UnitSet {
   /** Asks every worker for its counters (bounded wait; a silent one counts with its last report), then sums. */
   async readStats(): Promise<PoolReading> {
     await this.collect(true);
-    return { reading: this.nodeStats.read(), running: this.records.size };
+    // Made only when a series of workers gone needs it (a worker exited since it was last read).
+    let keys: Set<string> | undefined;
+    const running = (key: string): boolean => {
+      keys ??= new Set([...this.records.values()].map(({ open: { unit } }) => seriesKey(unit)));
+      return keys.has(key);
+    };
+    return { reading: this.nodeStats.read(running), running: this.records.size };
   }
 
   /** Asks every worker for its counters: figures() is up to date then. */
@@ -376,6 +387,9 @@ export class WorkerPool implements UnitSet {
     switch (m.t) {
       case 'ready':
         this.catchUp(slot, handle);
+        return;
+      case 'needPods':
+        this.opts.onNeedPods?.(m.servicePort);
         return;
       case 'sticky':
         for (const other of this.slots) {
@@ -648,17 +662,18 @@ function withProxyPorts(batch: UnitBatch, bound: readonly UnitProxyPort[]): Unit
   return out;
 }
 
-/** One line per unit over the workers: the first worker's, with connections summed and every worker's errors. */
+/** One line per unit over the workers: the first worker's, with connections open and held summed, and every worker's errors. */
 function mergeStatus(views: ReadonlyArray<{ worker: number; status: readonly UnitStatus[] }>): UnitStatus[] {
   const byName = new Map<string, { status: UnitStatus; errors: Map<string, number[]> }>();
   for (const { worker, status } of views) {
     for (const s of status) {
       let m = byName.get(s.name);
       if (m === undefined) {
-        m = { status: { ...s, active: 0, errors: [] }, errors: new Map() };
+        m = { status: { ...s, active: 0, held: 0, errors: [] }, errors: new Map() };
         byName.set(s.name, m);
       }
       m.status.active += s.active;
+      m.status.held += s.held;
       for (const e of s.errors) m.errors.set(e, [...(m.errors.get(e) ?? []), worker]);
     }
   }
