@@ -125,12 +125,13 @@ async function start(config: ProxyConfig, logger: Logger, started: Started, opts
   // --workers N >= 2: the sockets live in worker processes, launched once the source is found.
   const workers = resolveWorkers(config.workers);
   const reusePort = config.handoverSocket !== undefined;
-  const pool = workers > 1 ? await createWorkerPool(config, workers, logger) : undefined;
+  const needPods = (servicePort: string): void => demand.events?.needPods(servicePort);
+  const pool = workers > 1 ? await createWorkerPool(config, workers, logger, needPods) : undefined;
   const local = pool ? undefined : new LocalUnitSet({
     logger,
     balancerFactory: (deps) => new RoundRobinBalancer({ ...deps, outlier: config.outlier }),
     // --handover-socket: a successor binds every address beside ours (SO_REUSEPORT) before we close.
-    socketFactory: proxySocketFactory({ ...config, reusePort }, logger, receiveBuffers, (unit) => demand.events?.needPods(unit.servicePort), dialer),
+    socketFactory: proxySocketFactory({ ...config, reusePort }, logger, receiveBuffers, (unit) => needPods(unit.servicePort), dialer),
     portAllocator: new PortAllocator(config.proxyPortRange, Math.random),
     clock: systemClock,
     random: Math.random,

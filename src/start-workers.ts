@@ -42,7 +42,7 @@ export function workerInit(config: ProxyConfig, workers: number, seed: number, i
  * The worker pool of `--workers N` (N >= 2), not yet launched. Its modules load only then: a
  * one-process start-up does not pay for them.
  */
-export async function createWorkerPool(config: ProxyConfig, workers: number, logger: Logger): Promise<WorkerPool> {
+export async function createWorkerPool(config: ProxyConfig, workers: number, logger: Logger, onNeedPods?: (servicePort: string) => void): Promise<WorkerPool> {
   const [{ ForkLauncher }, { WorkerPool }] = await Promise.all([import('./io/workers/fork-launcher.js'), import('./workers/worker-pool.js')]);
   // The same in every worker of this run, different at every start and on every node.
   const seed = Math.floor(Math.random() * 0x1_0000_0000);
@@ -50,5 +50,5 @@ export async function createWorkerPool(config: ProxyConfig, workers: number, log
     entry: fileURLToPath(new URL('./worker-main.js', import.meta.url)),
     init: (index) => workerInit(config, workers, seed, index),
   });
-  return new WorkerPool({ size: workers, launcher, logger, clock: systemClock, random: Math.random });
+  return new WorkerPool({ size: workers, launcher, logger, clock: systemClock, random: Math.random, ...(onNeedPods ? { onNeedPods } : {}) });
 }

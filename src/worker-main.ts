@@ -42,7 +42,7 @@ const serverRef: { current?: WorkerServer } = {};
 const units = new LocalUnitSet({
   logger,
   balancerFactory: (deps) => new RoundRobinBalancer({ ...deps, outlier: init.outlier }),
-  socketFactory: proxySocketFactory({ udpIdleTimeoutMs: init.udpIdleTimeoutMs, maxUdpSessions: init.maxUdpSessions, reusePort: true, tcpKeepAliveMs: init.tcpKeepAliveMs, tcpIdleTimeoutMs: init.tcpIdleTimeoutMs, holdMaxPerServicePort: init.holdMaxPerServicePort, holdMaxPerNode: init.holdMaxPerNode }, logger, receiveBuffers),
+  socketFactory: proxySocketFactory({ udpIdleTimeoutMs: init.udpIdleTimeoutMs, maxUdpSessions: init.maxUdpSessions, reusePort: true, tcpKeepAliveMs: init.tcpKeepAliveMs, tcpIdleTimeoutMs: init.tcpIdleTimeoutMs, holdMaxPerServicePort: init.holdMaxPerServicePort, holdMaxPerNode: init.holdMaxPerNode }, logger, receiveBuffers, (unit) => channel.send({ t: 'needPods', servicePort: unit.servicePort })),
   portAllocator: new PortAllocator(init.proxyPortRange, Math.random),
   clock: systemClock,
   random: Math.random,

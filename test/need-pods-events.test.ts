@@ -10,9 +10,10 @@ import { needPodsEvent, splitServicePortKey } from '../src/core/need-pods-event.
 import { HttpKubeApi } from '../src/io/kube/api-client.js';
 import { EventRecorder } from '../src/io/kube/event-recorder.js';
 import { createLogger } from '../src/log.js';
+import { runCli } from './helpers/cli.js';
 import { FakeApiServer } from './helpers/fake-apiserver.js';
 import { endpointSlice, service } from './helpers/objects.js';
-import { freePort, tcpEchoServer } from './helpers/net.js';
+import { freePort, tcpEchoServer, waitFor } from './helpers/net.js';
 import { captureLogger, connectTo, waitUntil, withDeadline } from './helpers/proxy-fixtures.js';
 
 const cleanups: (() => unknown)[] = [];
@@ -104,6 +105,34 @@ describe('--emit-events, watching a cluster', () => {
     for (const h of held) h.socket.end();
     await withDeadline(Promise.all(held.map((h) => h.got.ended)), 5000, 'the ends');
     // Two connections, one episode: one Event.
+    expect(api.createdEvents).toHaveLength(1);
+  });
+
+  it('with --workers 2: the workers tell the controller, which posts one Event for the episode', async () => {
+    const api = await fakeApi();
+    const dir = await mkdtemp(join(tmpdir(), 'kup-events-'));
+    cleanups.push(() => rm(dir, { recursive: true, force: true }));
+    const kubeconfig = join(dir, 'kubeconfig');
+    await writeFile(kubeconfig, api.kubeconfigYaml());
+    const host = '127.96.8.9'; // the loopback portal's address for ClusterIP 10.96.8.9
+    const port = await freePort(host);
+    const svc = service({ name: 'web', clusterIP: '10.96.8.9', ports: [{ name: 'http', port }] }) as { metadata: Record<string, unknown> };
+    svc.metadata.annotations = { [HOLD_WHEN_EMPTY_ANNOTATION]: '30s' };
+    api.apply('services', svc);
+    const proxy = runCli(['--kubeconfig', kubeconfig, '--emit-events', '--hostname-override', 'node-a', '--workers', '2', '--metrics-bind-address', '127.0.0.1:0', '--healthz-bind-address', '127.0.0.1:0', '--iptables-min-sync-period', '0s']);
+    cleanups.push(async () => {
+      proxy.child.kill('SIGTERM');
+      await withDeadline(proxy.exited, 20_000, 'the proxy to exit').catch(() => proxy.kill());
+    });
+    const admin = (JSON.parse(await proxy.waitForLine(/kube-userspace-proxy started/)) as { admin: string }).admin;
+    // Enough connections that both workers hold some (the kernel spreads them by SO_REUSEPORT).
+    const held = await Promise.all(Array.from({ length: 8 }, () => connectTo(port, host)));
+    for (const h of held) cleanups.push(() => h.socket.destroy());
+    const status = async (): Promise<{ held: number } | undefined> => ((await (await fetch(`http://${admin}/services`)).json()) as { services: Array<{ held: number }> }).services[0];
+    await waitFor(async () => (await status())?.held === 8, '/services to show all 8 held, summed over the workers');
+    await waitUntil(() => api.createdEvents.length === 1, 'the NeedPods Event');
+    expect(api.createdEvents[0]).toMatchObject({ reason: 'NeedPods', involvedObject: { kind: 'Service', namespace: 'default', name: 'web' }, source: { host: 'node-a' } });
+    // Each worker's episode began a post; the recorder's per-Service interval let one through.
     expect(api.createdEvents).toHaveLength(1);
   });
 

@@ -61,6 +61,8 @@ export type FromWorker =
   | { t: 'status'; id: number; status: UnitStatus[] }
   | { t: 'sticky'; updates: UnitStickyUpdates[] }
   | { t: 'stickyDump'; id: number; updates: UnitStickyUpdates[] }
+  /** A hold episode began on this service port (`ns/name:port`): the controller may post a NeedPods Event. */
+  | { t: 'needPods'; servicePort: string }
   | { t: 'shutdown'; id: number; cut: number; report: WorkerReport }
   /** A request failed in the worker (a bug): the message says why. */
   | { t: 'failed'; id: number; message: string };
