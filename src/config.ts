@@ -1,6 +1,6 @@
 import { isIP, parseCidrFlag, parseHostPort, type HostPort } from './core/address.js';
 import { parseClusterDomain } from './core/cluster-names.js';
-import { parseDuration } from './core/duration.js';
+import { formatDuration, parseDuration } from './core/duration.js';
 import { parsePortRange, type PortRange } from './core/port-allocator.js';
 import { UsageError } from './core/errors.js';
 import { DEFAULT_OUTLIER_POLICY, type OutlierPolicy } from './core/balancer/outlier.js';
@@ -187,18 +187,32 @@ function flag(name: string, fn: () => unknown): void {
   }
 }
 
+/**
+ * The longest duration a flag or field of ours takes. Every one ends up in a timer, and Node's
+ * timers hold at most 2^31-1 ms (24.8 days): past that one fires at once, so a grace period of
+ * 1000h would cut every connection at shutdown and a sync period of 720h would resync without
+ * pause. Go (kube-proxy) takes up to 2,562,047h; refused here in one line instead. 24 days leaves
+ * room for the margins some deadlines add to a grace period.
+ */
+export const LONGEST_DURATION_MS = 24 * 24 * 3_600_000;
+
 function duration(name: string, value: string, min = 0): number {
   let ms = 0;
   flag(name, () => {
     ms = parseDuration(value, name);
   });
   if (ms < min) throw new UsageError(`--${name}: ${value} is too short (at least ${min}ms)`);
+  if (ms > LONGEST_DURATION_MS) throw new UsageError(`--${name}: ${value} is longer than the proxy can time (at most ${formatDuration(LONGEST_DURATION_MS)}, 24 days: Node.js's timers)`);
   return ms;
 }
+
+/** Linux's largest TCP_KEEPIDLE, in seconds: a longer idle time is refused by the kernel, and Node ignores the refusal. */
+const MAX_KEEPIDLE_S = 32_767;
 
 /** TCP_KEEPIDLE counts whole seconds: 0 turns keepalive off, anything else is rounded up to a second. */
 function keepAlive(value: string): number {
   const ms = duration('tcp-keepalive', value);
+  if (ms > MAX_KEEPIDLE_S * 1000) throw new UsageError(`--tcp-keepalive: ${value} is longer than Linux's TCP_KEEPIDLE allows (at most ${formatDuration(MAX_KEEPIDLE_S * 1000)})`);
   return ms === 0 ? 0 : Math.ceil(ms / 1000) * 1000;
 }
 

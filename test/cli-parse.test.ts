@@ -73,5 +73,23 @@ describe('TCP connection flags', () => {
     expect(config(['--tcp-keepalive', '1500ms', '--tcp-idle-timeout', '1h'])).toMatchObject({ tcpKeepAliveMs: 2000, tcpIdleTimeoutMs: 3_600_000 });
     expect(config(['--tcp-keepalive', '0'])).toMatchObject({ tcpKeepAliveMs: 0 });
     expect(() => config(['--tcp-idle-timeout', '10'])).toThrow(/^--tcp-idle-timeout: /);
+    // Past Linux's TCP_KEEPIDLE the kernel refuses the setting and Node says nothing.
+    expect(config(['--tcp-keepalive', '9h6m7s'])).toMatchObject({ tcpKeepAliveMs: 32_767_000 });
+    expect(() => config(['--tcp-keepalive', '10h'])).toThrow(/^--tcp-keepalive: 10h is longer than Linux's TCP_KEEPIDLE allows \(at most 9h6m7s\)$/);
+  });
+});
+
+describe('durations longer than a timer holds', () => {
+  const config = (argv: string[]): ReturnType<typeof buildConfig> => {
+    const outcome = parseCommandLine(argv);
+    if (outcome.kind !== 'run') throw new Error(outcome.output);
+    return buildConfig(outcome.options);
+  };
+
+  // Node fires a timer of more than 2^31-1 ms at once: a 1000h grace period cut every connection
+  // at SIGTERM, and a 720h config sync period resynced every second.
+  it.each(['--shutdown-grace-period', '--config-sync-period', '--iptables-sync-period', '--udp-timeout', '--tcp-idle-timeout'])('%s past 24 days is refused in one line', (name) => {
+    expect(() => config([name, '1000h'])).toThrow(new RegExp(`^${name}: 1000h is longer than the proxy can time \\(at most 576h0m0s, 24 days: Node.js's timers\\)$`));
+    expect(() => config([name, '576h'])).not.toThrow();
   });
 });

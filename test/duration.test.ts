@@ -11,11 +11,18 @@ describe('Go-style durations', () => {
     ['0', 0],
     ['500us', 0.5],
     ['2h45m', 9_900_000],
+    // Go's edges: a signed zero, a trailing point, a leading one, the longest Duration.
+    ['+0', 0],
+    ['-0', 0],
+    ['+1s', 1000],
+    ['1.s', 1000],
+    ['.5s', 500],
+    ['2562047h', 2562047 * 3_600_000],
   ])('parses %s', (text, ms) => {
     expect(parseDuration(text)).toBe(ms);
   });
 
-  it.each(['', '10', '-1s', '1x', 's', '1m30', 'ms'])('rejects %j naming the value', (text) => {
+  it.each(['', '10', '-1s', '1x', 's', '1m30', 'ms', '+', '-', '.s', '+-1s', '2562048h'])('rejects %j naming the value', (text) => {
     expect(() => parseDuration(text, 'udp-timeout')).toThrow(/udp-timeout: invalid duration/);
   });
 

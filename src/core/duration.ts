@@ -2,7 +2,8 @@ import { UsageError } from './errors.js';
 
 /**
  * Go's time.ParseDuration, as kube-proxy's flags and config accept it: `250ms`, `30s`, `1m30s`,
- * `1.5h`, `0`. Returns milliseconds. Negative durations are refused (no flag of ours means one).
+ * `1.5h`, `0`. Returns milliseconds. Negative durations are refused (no flag of ours means one);
+ * surrounding blanks are forgiven, where Go would refuse them.
  */
 const UNIT_MS: Record<string, number> = {
   ns: 1e-6,
@@ -17,26 +18,27 @@ const UNIT_MS: Record<string, number> = {
 
 const PART = /(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)/y;
 
+/** Go's longest Duration (2^63-1 ns, about 2,562,047 h): longer text is invalid there, and here. */
+const GO_MAX_MS = Number(2n ** 63n - 1n) / 1e6;
+
 export function parseDuration(text: string, what = 'duration'): number {
+  const invalid = (): UsageError => new UsageError(`${what}: invalid duration "${text}" (expected a Go duration such as 250ms, 30s or 1m30s)`);
   const s = text.trim();
-  if (s === '0') return 0;
-  if (s === '' || s.startsWith('-')) {
-    throw new UsageError(`${what}: invalid duration "${text}" (expected a Go duration such as 250ms, 30s or 1m30s)`);
-  }
-  const rest = s.startsWith('+') ? s.slice(1) : s;
+  // One sign, then Go's special case: a bare 0 (so +0 and -0 too) needs no unit.
+  const negative = s.startsWith('-');
+  const rest = negative || s.startsWith('+') ? s.slice(1) : s;
+  if (rest === '0') return 0;
+  if (rest === '' || negative) throw invalid();
   let total = 0;
-  PART.lastIndex = 0;
   let pos = 0;
   while (pos < rest.length) {
     PART.lastIndex = pos;
     const m = PART.exec(rest);
-    if (!m) {
-      throw new UsageError(`${what}: invalid duration "${text}" (expected a Go duration such as 250ms, 30s or 1m30s)`);
-    }
+    if (!m) throw invalid();
     total += Number(m[1]) * (UNIT_MS[m[2] as string] as number);
     pos = PART.lastIndex;
   }
-
+  if (total > GO_MAX_MS) throw invalid();
   return total;
 }
 
