@@ -110,6 +110,37 @@ describe('hold-when-empty (TCP)', () => {
     await withDeadline(p.proxy.drained(), 2000, 'the connection to be released');
   });
 
+  it('lets a held client that gives up with a reset go at once: its place in the budget is free for a live one', async () => {
+    const p = await tcpProxy(60_000, new HoldBudget(3, 1000));
+    for (let i = 0; i < 3; i++) {
+      const { socket } = await connectTo(p.port);
+      await waitUntil(() => p.proxy.stats.heldTotal === i + 1, 'the connection to be held');
+      socket.resetAndDestroy();
+    }
+    // Released as the resets arrive, not at the hold's end (a minute away).
+    await waitUntil(() => p.proxy.stats.held === 0 && p.proxy.active() === 0, 'the resets to release the held connections');
+    expect(p.proxy.stats.heldTotal).toBe(3);
+    const live = await connectTo(p.port);
+    cleanups.push(() => live.socket.destroy());
+    await waitUntil(() => p.proxy.stats.held === 1, 'a live client to be held, not reset');
+    expect(p.proxy.stats.noEndpointRejects).toBe(0);
+  });
+
+  it('keeps what a held client sent before its FIN, and passes both on when an endpoint comes', async () => {
+    const echo = await tcpBackend();
+    cleanups.push(() => echo.close());
+    const p = await tcpProxy(30_000);
+    const { socket, got } = await connectTo(p.port);
+    cleanups.push(() => socket.destroy());
+    socket.end('sent while held, then a half-close');
+    await waitUntil(() => p.proxy.stats.held === 1, 'the connection to be held');
+    // The FIN is a half-close: the client still waits for its answer.
+    await new Promise((r) => setImmediate(r));
+    expect(p.proxy.stats.held).toBe(1);
+    p.setEndpoints([toEndpoint({ ip: LO, port: echo.port })]);
+    expect((await withDeadline(got.ended, 5000, 'the echo and its FIN')).toString()).toBe('sent while held, then a half-close');
+  });
+
   it('resets at once without the annotation, as always', async () => {
     const p = await tcpProxy(0);
     expect((await clientOutcome(p.port)).code).toBe('ECONNRESET');

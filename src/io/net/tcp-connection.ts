@@ -59,10 +59,12 @@ export interface TcpConnectionContext {
  * closed, once: when no dial is in flight and each socket it owns has emitted 'close'.
  *
  * - `holding`: there was no endpoint at accept and the Service holds connections until one
- *   appears (hold-when-empty). The client is paused as while dialing: nothing read, nothing
- *   reset. Its socket calls leaveHold (endpoints appeared: dial) or expireHold (reset).
+ *   appears (hold-when-empty). The client is read on, its bytes (up to HELD_READ_BYTES) and FIN
+ *   kept in the replay for the endpoint, so that a client that gives up with a reset is released
+ *   at once; nothing is written to it. Its socket calls leaveHold (endpoints appeared: dial) or
+ *   expireHold (reset).
  * - `dialing`: an attempt is in flight. The client is paused (pauseOnConnect), its bytes wait in
- *   the kernel. The endpoint socket belongs to the dialer, 'error' events included, yet its reads
+ *   the kernel (after a hold, its first read pauses it and goes to the replay). The endpoint socket belongs to the dialer, 'error' events included, yet its reads
  *   already go to the client (onread): the endpoint may speak first. Whatever else it does before
  *   the hand-over (a FIN, a read stopped by backpressure, a failure, a close) is read off the
  *   socket at the hand-over, since no listener of ours was there to see it.
@@ -100,6 +102,8 @@ export class TcpConnection {
    * to the next one at its hand-over.
    */
   private replay: Uint8Array[] | undefined;
+  /** Bytes read from the client while held (into the replay). */
+  private heldBytes = 0;
   /** The client's listeners are attached at the first hand-over, and serve every later one. */
   private clientWired = false;
   private attempt = 0;
@@ -190,6 +194,12 @@ export class TcpConnection {
       if (ctx.hold(this)) {
         this.phase = 'holding';
         this.heldSinceMs = performance.now();
+        // Read on while held (the bytes wait in the replay, up to HELD_READ_BYTES): a paused socket
+        // is not polled, so a client that gave up with a reset would keep its place in the hold's
+        // budget until the hold ran out, and live clients be reset for want of one. A FIN only
+        // half-closes (it goes on with the replay), as HAProxy keeps a queued client that sent one.
+        this.wireClient();
+        client.resume();
         if (ctx.debugEnabled()) ctx.log().debug({ client: this.clientIP }, 'no endpoints: holding client');
         return;
       }
@@ -468,22 +478,24 @@ export class TcpConnection {
 
   // --- relaying ---------------------------------------------------------------------------------
 
-  /**
-   * net.connect's `onread`: a read lands in the shared buffer and is written on. Returning false,
-   * when the client buffers past its high-water mark, makes Node stop reading until the client's
-   * 'drain' resumes it.
-   */
+  /** The client's 'data': written on, with backpressure through pause() and the endpoint's 'drain'. */
   private toEndpoint(chunk: Buffer): void {
     const upstream = this.upstream;
     if (upstream === undefined) {
-      // Between an early failure and the next hand-over (the client is paused, so this is rare).
+      // Held (read on up to a bound), or between an early failure and the next hand-over (the
+      // client is paused, so this is rare): kept for the endpoint.
       (this.replay ??= []).push(chunk);
-      this.client.pause();
+      if (this.phase !== 'holding' || (this.heldBytes += chunk.length) >= HELD_READ_BYTES) this.client.pause();
     } else if (!upstream.write(chunk)) {
       this.client.pause();
     }
   }
 
+  /**
+   * net.connect's `onread`: a read lands in the shared buffer and is written on. Returning false,
+   * when the client buffers past its high-water mark, makes Node stop reading until the client's
+   * 'drain' resumes it.
+   */
   private fromEndpoint(bytes: number, buf: Uint8Array): boolean {
     if (this.unproven) this.proven();
     const chunk = Buffer.allocUnsafe(bytes); // from Node's pool when small
@@ -642,6 +654,12 @@ class ClientDial implements DialRequest {
     return this.client.localPort ?? 0;
   }
 }
+
+/**
+ * How much of a held client's bytes is read and kept before it is paused (the rest waits in the
+ * kernel): a request's head, typically. Past it, a reset is noticed only at the hold's end.
+ */
+const HELD_READ_BYTES = 16 * 1024;
 
 /**
  * The one buffer every endpoint socket of the process reads into. Node's default read path
