@@ -66,10 +66,10 @@ describe('validateService', () => {
       { name: 'a', port: 0 },
       { name: 'b', port: '80' },
       { name: 'c', port: 80, nodePort: 65536 },
-      { name: 'd', port: 80, targetPort: 0 },
-      { name: 'e', port: 80, targetPort: 'http' },
-      { name: 'f', port: 80, targetPort: '' },
-      { name: 'g', port: 80, nodePort: 0, targetPort: 8080 },
+      { name: 'd', port: 81, targetPort: 0 },
+      { name: 'e', port: 82, targetPort: 'http' },
+      { name: 'f', port: 83, targetPort: '' },
+      { name: 'g', port: 84, nodePort: 0, targetPort: 8080 },
       { name: 'h' },
     ];
     expect(fields(validateService(svc({}, { ports })))).toEqual([
@@ -93,6 +93,23 @@ describe('validateService', () => {
     const ps = validateService(svc({}, { ports: [{ port: 1 }, { name: 'x', port: 2 }, { name: 'x', port: 3 }] }));
     expect(fields(ps)).toEqual(['spec.ports[0].name', 'spec.ports[2].name']);
     expect(validateService(svc({}, { ports: [{ port: 1 }] }))).toEqual([]);
+  });
+
+  it('refuses two ports on one port number and protocol, or one node port and protocol, as the API server does', () => {
+    const ps = validateService(svc({}, {
+      type: 'NodePort',
+      ports: [
+        { name: 'a', port: 80, nodePort: 30080 },
+        { name: 'b', port: 80, protocol: 'TCP', nodePort: 30080 },
+        { name: 'c', port: 80, protocol: 'UDP', nodePort: 30080 },
+        { name: 'd', port: 81, nodePort: 0 },
+        { name: 'e', port: 82, nodePort: 0 },
+      ],
+    }));
+    expect(ps.map((p) => `${p.field}: ${p.message}`)).toEqual([
+      'spec.ports[1].port: duplicate: 80/TCP is already an earlier port\'s',
+      'spec.ports[1].nodePort: duplicate: 30080/TCP is already an earlier port\'s',
+    ]);
   });
 
   it('checks the syntax of cluster IPs, external IPs and load-balancer IPs', () => {

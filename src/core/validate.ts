@@ -169,8 +169,12 @@ function checkServicePorts(r: Report, ports: unknown): void {
     r.fail('spec.ports', 'must be a list');
     return;
   }
-  // Port names key everything (`ns/name:port`): with several ports, each needs its own.
+  // Port names key everything (`ns/name:port`): with several ports, each needs its own. Two ports
+  // on one port number and protocol (or node port and protocol) would need one socket twice: the
+  // API server refuses both, so does the proxy, naming the second.
   const seen = new Set<string>();
+  const portsSeen = new Set<string>();
+  const nodePortsSeen = new Set<string>();
   ports.forEach((p: unknown, i) => {
     const at = `spec.ports[${i}]`;
     if (!isRecord(p)) {
@@ -186,7 +190,18 @@ function checkServicePorts(r: Report, ports: unknown): void {
     if (p.nodePort !== undefined && p.nodePort !== 0) checkPort(r, `${at}.nodePort`, p.nodePort);
     checkTargetPort(r, `${at}.targetPort`, p.targetPort);
     checkOneOf(r, `${at}.protocol`, p.protocol, PROTOCOLS);
+    const protocol = typeof p.protocol === 'string' && p.protocol !== '' ? p.protocol : 'TCP';
+    checkUnique(r, portsSeen, `${at}.port`, p.port, protocol);
+    if (p.nodePort !== 0) checkUnique(r, nodePortsSeen, `${at}.nodePort`, p.nodePort, protocol);
   });
+}
+
+/** A port number (a valid one: checkPort speaks of the rest) seen before with this protocol. */
+function checkUnique(r: Report, seen: Set<string>, at: string, port: unknown, protocol: string): void {
+  if (!Number.isInteger(port) || (port as number) < 1 || (port as number) > 65535) return;
+  const key = `${String(port)}/${protocol}`;
+  if (seen.has(key)) r.fail(at, `duplicate: ${key} is already an earlier port's`);
+  else seen.add(key);
 }
 
 /** A number is a port; a string names a container port and must not be empty. */
