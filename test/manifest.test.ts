@@ -162,6 +162,25 @@ just a string
     expect(err.message).not.toContain('\n');
   });
 
+  it('reads YAML merge keys, as kubectl does, rather than a field named "<<"', () => {
+    const yaml = [
+      'apiVersion: v1', 'kind: List', 'items:',
+      '- apiVersion: v1', '  kind: Service', '  metadata: {name: web}', '  spec: &spec', '    type: ClusterIP', '    clusterIP: 10.96.0.12', '    ports: [{name: http, port: 80}]',
+      '- apiVersion: v1', '  kind: Service', '  metadata: {name: api}', '  spec:', '    <<: *spec', '    clusterIP: 10.96.0.13',
+    ].join('\n');
+    const [, api] = parseManifest(yaml, 'merge.yaml').services;
+    expect(api?.spec).toEqual({ type: 'ClusterIP', ports: [{ name: 'http', port: 80 }], clusterIP: '10.96.0.13' });
+  });
+
+  it('reads JSON values one after another (-o json appended twice) as documents, as kubectl does', () => {
+    const one = JSON.stringify({ apiVersion: 'v1', kind: 'Service', metadata: { name: 'a' }, spec: { clusterIP: '10.96.0.1', ports: [{ port: 80 }] } }, null, 2);
+    const two = JSON.stringify({ apiVersion: 'v1', kind: 'List', items: [{ apiVersion: 'v1', kind: 'Service', metadata: { name: 'b' }, spec: { clusterIP: '10.96.0.2', ports: [{ port: 80 }] } }] });
+    expect(parseManifest(`${one}\n${two}\n${one.replace('"a"', '"c"')}`, 'appended.json').services.map((s) => s.metadata?.name)).toEqual(['a', 'b', 'c']);
+    // A fault in a later value is still a JSON error, and flow-style YAML is not JSON (kubectl refuses it too).
+    expect(catchError(() => parseManifest(`${one}\n{"kind": }`, 'bad.json')).message).toMatch(/^bad\.json:\d+:\d+: invalid JSON: /);
+    expect(catchError(() => parseManifest('{apiVersion: v1, kind: Service}', 'flow.yaml')).message).toMatch(/^flow\.yaml:1:2: invalid JSON: /);
+  });
+
   it('throws PARSE naming the file and the line of a JSON syntax error', () => {
     const err = catchError(() => parseManifest('{\n  "kind": "List",\n  "items": [,]\n}\n', 'dump.json'));
     expect(err.code).toBe('PARSE');

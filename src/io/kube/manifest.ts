@@ -1,7 +1,7 @@
 import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
 // client-node's own YAML parser. Its loadAllYaml is not used: it re-types objects through the
 // ObjectSerializer (Dates, dropped unknown fields), and the cache should see what the API sends.
-import { CORE_SCHEMA, loadAll, YAMLException } from 'js-yaml';
+import { CORE_SCHEMA, loadAll, Type, YAMLException } from 'js-yaml';
 import type { ObjectProblem } from '../../core/model.js';
 import { MAX_DEPTH, objectLabel, show } from '../../core/validate.js';
 import { ProxyError } from '../../core/errors.js';
@@ -90,6 +90,16 @@ const MAX_LINE_QUOTE = 200;
  */
 const ALIAS_EXPANSION_FLOOR = 1 << 20;
 
+/**
+ * YAML as kubectl reads it (go-yaml): the core schema, with merge keys (`<<: *base`), which the
+ * core schema alone would keep as a field named "<<" and so drop what they merge, silently.
+ */
+const SCHEMA = CORE_SCHEMA.extend({
+  // js-yaml's own merge type (exported at run time as types.merge, absent from its typings): the
+  // loader merges any key of this tag, bounded by its maxTotalMergeKeys.
+  implicit: [new Type('tag:yaml.org,2002:merge', { kind: 'scalar', resolve: (data: unknown) => data === '<<' || data === null })],
+});
+
 /** JSON is YAML too, but JSON.parse is exact and much faster on large `-o json` dumps. */
 export function parseDocuments(raw: string, file: string): unknown[] {
   // Windows editors may start the file with a byte-order mark, which JSON.parse refuses.
@@ -99,6 +109,10 @@ export function parseDocuments(raw: string, file: string): unknown[] {
       return [JSON.parse(text)];
     } catch (err) {
       const message = (err as Error).message;
+      // As kubectl reads it (YAMLOrJSONDecoder): text that starts like JSON is JSON, one value or
+      // several one after another; never flow-style YAML.
+      const docs = jsonStream(text, message);
+      if (docs !== undefined) return docs;
       const { line, column, known } = jsonErrorPosition(text, message);
       // V8 quotes the text around the fault ("..."): drop that; keep the log to one line.
       const reason = message.replace(V8_CONTEXT, '').replace(/\s+/g, ' ');
@@ -108,7 +122,7 @@ export function parseDocuments(raw: string, file: string): unknown[] {
   }
   let docs: unknown[];
   try {
-    docs = loadAll(text, null, { schema: CORE_SCHEMA, filename: file });
+    docs = loadAll(text, null, { schema: SCHEMA, filename: file });
   } catch (err) {
     if (!(err instanceof YAMLException)) throw err;
     const line = err.mark.line + 1;
@@ -119,6 +133,37 @@ export function parseDocuments(raw: string, file: string): unknown[] {
   if (text.includes('*')) checkExpansion(docs, text.length, file);
   return docs;
 }
+
+/**
+ * JSON values one after another (`kubectl get -o json >> file`, twice): each a document, as a
+ * YAML stream's are. `firstError` is JSON.parse's message for the whole text; undefined unless it
+ * stopped after a complete value, and unless every value parses.
+ */
+function jsonStream(text: string, firstError: string): unknown[] | undefined {
+  const docs: unknown[] = [];
+  let rest = text;
+  let error = firstError;
+  for (;;) {
+    const after = AFTER_JSON.exec(error);
+    if (after === null) return undefined;
+    const end = Number(after[1]);
+    try {
+      docs.push(JSON.parse(rest.slice(0, end)));
+    } catch {
+      return undefined;
+    }
+    rest = rest.slice(end);
+    try {
+      docs.push(JSON.parse(rest));
+      return docs;
+    } catch (err) {
+      error = (err as Error).message;
+    }
+  }
+}
+
+/** V8's words for text after a complete JSON value, with where it starts. */
+const AFTER_JSON = /^Unexpected non-whitespace character after JSON at position (\d+)/;
 
 function checkExpansion(docs: unknown[], textLength: number, file: string): void {
   const limit = ALIAS_EXPANSION_FLOOR + 2 * textLength;
