@@ -32,8 +32,8 @@ async function main(argv: string[], begun: CommandStart): Promise<number> {
     (outcome.code === 0 ? process.stdout : process.stderr).write(outcome.output);
     return outcome.code;
   }
-  const { options, warnings } = await resolveOptions(outcome.options);
-  const config = buildConfig(options);
+  const { options, warnings, origins } = await resolveOptions(outcome.options);
+  const config = buildConfig(options, origins);
   const logger = createLogger(config.logLevel);
   for (const w of warnings) logger.warn(w);
   if (outcome.options.writeConfigTo !== undefined) {

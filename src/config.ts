@@ -261,8 +261,31 @@ function namespaceList(names: readonly string[]): string[] {
   return [...new Set(names)];
 }
 
-/** Options (flags, later merged with a config file) -> validated ProxyConfig. Pure. */
-export function buildConfig(raw: RawOptions): ProxyConfig {
+/** Where options came from other than flags (the config file's fields): `file: field.path` by option. */
+export type OptionOrigins = Partial<Record<keyof RawOptions, string>>;
+
+/**
+ * Options (flags, merged with a config file) -> validated ProxyConfig. Pure. A message about a
+ * value the config file set names the file and the field, not a flag that was never given: the
+ * checks below speak of flags (`--udp-timeout`), and each flag a file set is renamed in the one
+ * line (its option's name is the flag's, camel-cased, as commander makes it).
+ */
+export function buildConfig(raw: RawOptions, origins: OptionOrigins = {}): ProxyConfig {
+  try {
+    return buildFromOptions(raw);
+  } catch (err) {
+    if (!(err instanceof UsageError)) throw err;
+    const message = err.message.replace(/--([a-z][a-z0-9-]*)/g, (flagText, name: string) => origins[camelCase(name) as keyof RawOptions] ?? flagText);
+    if (message === err.message) throw err;
+    throw new UsageError(message, { cause: err });
+  }
+}
+
+function camelCase(flagName: string): string {
+  return flagName.replace(/-([a-z0-9])/g, (_, c: string) => c.toUpperCase());
+}
+
+function buildFromOptions(raw: RawOptions): ProxyConfig {
   const portal = oneOf('portal', raw.portal ?? DEFAULTS.portal, PORTAL_MODES);
   const bindAddress = raw.bindAddress ?? DEFAULTS.bindAddress;
   if (!isIP(bindAddress)) throw new UsageError(`--bind-address: "${bindAddress}" is not an IP address`);

@@ -4,7 +4,7 @@ import { hostPort, isIP, parseCidrFlag, parseHostPort } from './core/address.js'
 import { parseClusterDomain } from './core/cluster-names.js';
 import { formatDuration, parseDuration } from './core/duration.js';
 import { formatPortRange, parsePortRange } from './core/port-allocator.js';
-import { AFTER_HANDOVER, DIALERS, parseWorkers, type ProxyConfig, type RawOptions } from './config.js';
+import { AFTER_HANDOVER, DIALERS, parseWorkers, type OptionOrigins, type ProxyConfig, type RawOptions } from './config.js';
 import { ProxyError, UsageError, errnoCode } from './core/errors.js';
 import { PORTAL_MODES } from './seams/portal.js';
 import { LOG_LEVELS } from './log.js';
@@ -39,6 +39,8 @@ export interface ConfigFileResult {
   options: RawOptions;
   /** At most one line: the ignored kube-proxy fields that carry a value. */
   warnings: string[];
+  /** Where each option the file set came from, by option: `file: field.path`, for messages about its value. */
+  origins: OptionOrigins;
 }
 
 type Leaf = 'string' | 'boolean' | 'integer' | 'number' | 'duration' | 'stringList' | 'boolMap' | 'opaque';
@@ -272,17 +274,21 @@ export function parseKubeProxyConfiguration(text: string, file: string): ConfigF
   }
   const options: RawOptions = {};
   const ignoredSet: string[] = [];
+  const fields: Record<string, string> = {};
   try {
-    walk(doc, SCHEMA, '', options, ignoredSet);
+    walk(doc, SCHEMA, '', options, ignoredSet, fields);
   } catch (err) {
     if (err instanceof UsageError) throw new UsageError(`${file}: ${err.message}`, { cause: err });
     throw err;
   }
   const warnings = ignoredSet.length > 0 ? [`${file}: ignored, as they have no meaning for a userspace proxy: ${ignoredSet.join(', ')}`] : [];
-  return { options, warnings };
+  const origins: OptionOrigins = {};
+  for (const [key, at] of Object.entries(fields)) origins[key as keyof RawOptions] = `${file}: ${at}`;
+  return { options, warnings, origins };
 }
 
-function walk(obj: unknown, schema: Schema, path: string, out: RawOptions, ignoredSet: string[]): void {
+/** `fields`: for each option a field set, that field's path. */
+function walk(obj: unknown, schema: Schema, path: string, out: RawOptions, ignoredSet: string[], fields: Record<string, string>): void {
   if (!isRecord(obj)) throw new UsageError(`${path}: expected an object, got ${describe(obj)}`);
   for (const [name, value] of Object.entries(obj)) {
     const at = path === '' ? name : `${path}.${name}`;
@@ -291,12 +297,15 @@ function walk(obj: unknown, schema: Schema, path: string, out: RawOptions, ignor
     // Go decodes null into a field as "not set".
     if (value === null) continue;
     if (typeof field.type === 'object') {
-      walk(value, field.type, at, out, ignoredSet);
+      walk(value, field.type, at, out, ignoredSet, fields);
       continue;
     }
     checkType(value, field.type, at);
-    if (field.apply) field.apply(value, at, out);
-    else if (!isZeroOrDefault(value, field)) ignoredSet.push(at);
+    if (field.apply) {
+      const before: Record<string, unknown> = { ...out };
+      field.apply(value, at, out);
+      for (const [key, v] of Object.entries(out)) if (v !== before[key]) fields[key] = at;
+    } else if (!isZeroOrDefault(value, field)) ignoredSet.push(at);
   }
 }
 
@@ -402,9 +411,12 @@ export function mergeOptions(file: RawOptions, flags: RawOptions): RawOptions {
  * values under the flags. Warnings are for the caller's logger.
  */
 export async function resolveOptions(flags: RawOptions): Promise<ConfigFileResult> {
-  if (flags.config === undefined) return { options: flags, warnings: [] };
+  if (flags.config === undefined) return { options: flags, warnings: [], origins: {} };
   const file = await readConfigFile(flags.config);
-  return { options: mergeOptions(file.options, flags), warnings: file.warnings };
+  // A flag given wins over the file: its value is the flag's to name.
+  const origins: OptionOrigins = {};
+  for (const [key, at] of Object.entries(file.origins)) if ((flags as Record<string, unknown>)[key] === undefined) origins[key as keyof RawOptions] = at;
+  return { options: mergeOptions(file.options, flags), warnings: file.warnings, origins };
 }
 
 /** The effective configuration as a KubeProxyConfiguration object (what --write-config-to writes). */

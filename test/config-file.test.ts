@@ -3,7 +3,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { parseCommandLine } from '../src/cli.js';
-import { buildConfig, type RawOptions } from '../src/config.js';
+import { buildConfig, type OptionOrigins, type RawOptions } from '../src/config.js';
 import { ProxyError, UsageError } from '../src/core/errors.js';
 import { parseKubeProxyConfiguration, renderKubeProxyConfiguration, resolveOptions } from '../src/kube-proxy-config.js';
 import { runCli, type Spawned } from './helpers/cli.js';
@@ -12,7 +12,7 @@ import { runCli, type Spawned } from './helpers/cli.js';
 
 const HEAD = 'apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n';
 
-function parse(body: string): { options: RawOptions; warnings: string[] } {
+function parse(body: string): { options: RawOptions; warnings: string[]; origins: OptionOrigins } {
   return parseKubeProxyConfiguration(HEAD + body, 'proxy.yaml');
 }
 
@@ -207,6 +207,24 @@ describe('flags and the file', () => {
     expect(buildConfig(parseKubeProxyConfiguration(renderKubeProxyConfiguration(written), 'written.yaml').options)).toEqual(written);
   });
 
+  it('a value from the file that is out of range is named by its file and field, not by a flag never given', async () => {
+    const fromFile = (body: string): string => {
+      const { options, origins } = parseKubeProxyConfiguration(HEAD + body, 'proxy.yaml');
+      return errorOf(() => buildConfig(options, origins)).message;
+    };
+    expect(fromFile('iptables:\n  minSyncPeriod: 1m\n')).toBe('proxy.yaml: iptables.minSyncPeriod (1m) must not exceed --iptables-sync-period (default 30s)');
+    expect(fromFile('udpIdleTimeout: 500us\n')).toBe('proxy.yaml: udpIdleTimeout: 500us is too short (at least 1ms)');
+    expect(fromFile('kubeUserspaceProxy:\n  outlierDetection:\n    maxEjectionTime: 10s\n')).toBe('proxy.yaml: kubeUserspaceProxy.outlierDetection.maxEjectionTime (10s) must not be shorter than --outlier-base-ejection-time (default 30s)');
+    // A flag given wins over the file, and its message names the flag.
+    const file = join(dir, 'origins.yaml');
+    await writeFile(file, `${HEAD}udpIdleTimeout: 2s\niptables:\n  minSyncPeriod: 1m\n`);
+    const cli = parseCommandLine(['--config', file, '--iptables-min-sync-period', '2m', '--udp-timeout', '500us']);
+    if (cli.kind !== 'run') throw new Error('expected options');
+    const { options, origins } = await resolveOptions(cli.options);
+    expect(errorOf(() => buildConfig(options, origins)).message).toBe('--udp-timeout: 500us is too short (at least 1ms)');
+    expect(errorOf(() => buildConfig({ ...options, udpTimeout: '1s' }, origins)).message).toBe('--iptables-min-sync-period (2m) must not exceed --iptables-sync-period (default 30s)');
+  });
+
   it('a missing file is a user error naming it', async () => {
     await expect(resolveOptions({ config: join(dir, 'absent.yaml') })).rejects.toThrow(/--config: cannot read .*absent\.yaml: ENOENT/);
   });
@@ -240,5 +258,14 @@ describe('the CLI', () => {
     const lines = r.stderr().trim().split('\n');
     expect(lines).toHaveLength(1);
     expect(lines[0]).toMatch(/bad\.yaml: iptables\.syncPeriod: expected a duration string/);
+  });
+
+  it('a value in --config out of its range is named by the file and field, in one line, exit 2', async () => {
+    const file = join(dir, 'range.yaml');
+    await writeFile(file, `${HEAD}udpIdleTimeout: 500us\n`);
+    const r = runCli(['--config', file]);
+    running.push(r);
+    expect(await r.exited).toBe(2);
+    expect(r.stderr().trim()).toMatch(/^kube-userspace-proxy: .*range\.yaml: udpIdleTimeout: 500us is too short \(at least 1ms\)$/);
   });
 });
