@@ -2,6 +2,7 @@ import { readFileSync } from 'node:fs';
 import { describe, it, expect } from 'vitest';
 import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
 import { translateService } from '../src/core/translate.js';
+import { categorizeEndpoints } from '../src/core/endpoints.js';
 import type { ServicePort } from '../src/core/model.js';
 import { endpointSlice, service, type ServiceSpec, type SliceSpec } from './helpers/objects.js';
 
@@ -166,7 +167,7 @@ describe('translateService ports', () => {
     expect(eps.map((e) => `${e.ip}:${e.port}`)).toEqual(['10.0.0.1:9', '10.0.0.1:80', '10.0.0.10:80', '10.0.0.9:80']);
   });
 
-  it('reads absent conditions as ready=true, serving=ready, terminating=false', () => {
+  it('reads absent conditions as kube-proxy does: ready=true, serving=true, terminating=false', () => {
     const s = slice({
       extra: {
         endpoints: [
@@ -180,10 +181,18 @@ describe('translateService ports', () => {
     const eps = translateService(svc(), [s]).ports[0]?.endpoints ?? [];
     expect(eps.map((e) => [e.ip, e.ready, e.serving, e.terminating])).toEqual([
       ['10.0.0.1', true, true, false],
-      ['10.0.0.2', false, false, false],
-      ['10.0.0.3', false, false, true],
+      ['10.0.0.2', false, true, false],
+      ['10.0.0.3', false, true, true],
       ['10.0.0.4', true, true, false],
     ]);
+    // So a terminating endpoint without `serving`, the only one left, takes connections, as with
+    // kube-proxy; one that is merely not ready does not.
+    const usable = (conditions: object): string[] => {
+      const port = translateService(svc(), [slice({ extra: { endpoints: [{ addresses: ['10.0.0.3'], conditions }] } })]).ports[0];
+      return port === undefined ? [] : categorizeEndpoints(port, { name: 'node-a' }).clusterEndpoints.map((e) => e.ip);
+    };
+    expect(usable({ ready: false, terminating: true })).toEqual(['10.0.0.3']);
+    expect(usable({ ready: false })).toEqual([]);
   });
 
   it('keeps nodeName, zone and hints, and uses only an endpoint\'s first address', () => {

@@ -201,7 +201,10 @@ function endpointInfo(ep: SliceEndpoint, port: number, namespace: string): Endpo
   if (ip === undefined) return undefined;
   const c = ep.conditions ?? {};
   const ready = c.ready ?? true;
-  const info: EndpointInfo = { ip, port, ready, serving: c.serving ?? ready, terminating: c.terminating ?? false };
+  // Absent conditions as kube-proxy reads them (endpointslicecache.go) and the API now documents
+  // them: ready and serving true, terminating false. (An older API text had serving defer to ready:
+  // a terminating endpoint without `serving` was then no fallback, where kube-proxy uses it.)
+  const info: EndpointInfo = { ip, port, ready, serving: c.serving ?? true, terminating: c.terminating ?? false };
   if (ep.nodeName) info.nodeName = ep.nodeName;
   if (ep.zone) info.zone = ep.zone;
   if (ep.hints?.forZones?.length) info.zoneHints = ep.hints.forZones.map((h) => h.name);
