@@ -6,9 +6,9 @@ import { toEndpoint, type Endpoint } from '../src/core/model.js';
 import type { ProxyUnit } from '../src/core/units.js';
 import { silentLogger } from '../src/log.js';
 import type { ListenSpec } from '../src/seams/portal.js';
-import type { UnitBatch } from '../src/seams/unit-set.js';
+import type { UnitBatch, UnitStatus } from '../src/seams/unit-set.js';
 import type { WorkerLauncher } from '../src/seams/workers.js';
-import { WorkerPool, type WorkerPoolOptions } from '../src/workers/worker-pool.js';
+import { mergeStatus, WorkerPool, type WorkerPoolOptions } from '../src/workers/worker-pool.js';
 import { InProcessLauncher } from './helpers/in-process-workers.js';
 import { tcpEchoServer, waitFor } from './helpers/net.js';
 import { withDeadline } from './helpers/proxy-fixtures.js';
@@ -312,5 +312,25 @@ describe('WorkerPool', () => {
     expect({ held: totals?.held, heldTotal: totals?.heldTotal }).toEqual({ held: 10, heldTotal: 10 });
     await pool.refresh();
     expect(pool.status()[0]?.held).toBe(10);
+  });
+});
+
+describe('/services over the workers (mergeStatus)', () => {
+  const line = (over: Partial<UnitStatus>): UnitStatus => ({
+    name: 'default/web:http', servicePort: 'default/web:http', protocol: 'TCP', scope: 'all', portals: [], reachable: [], proxyPort: null,
+    endpoints: ['10.0.0.1:80', '10.0.0.2:80'], sessionAffinity: 'None', loadBalancer: 'round-robin', setAside: [], held: 0, active: 0, errors: [], ...over,
+  });
+
+  it('sums what is open and held, and shows every endpoint a worker set aside, until the latest', () => {
+    const [merged] = mergeStatus([
+      { worker: 0, status: [line({ active: 2, held: 1, setAside: [{ endpoint: '10.0.0.2:80', until: '2026-11-24T10:00:30.000Z' }] })] },
+      { worker: 1, status: [line({ active: 3, held: 4, setAside: [{ endpoint: '10.0.0.1:80', until: '2026-11-24T10:00:10.000Z' }, { endpoint: '10.0.0.2:80', until: '2026-11-24T10:01:00.000Z' }], errors: ['cannot listen'] })] },
+    ]);
+    expect(merged).toMatchObject({
+      active: 5,
+      held: 5,
+      setAside: [{ endpoint: '10.0.0.2:80', until: '2026-11-24T10:01:00.000Z' }, { endpoint: '10.0.0.1:80', until: '2026-11-24T10:00:10.000Z' }],
+      errors: ['worker 1: cannot listen'],
+    });
   });
 });

@@ -662,25 +662,31 @@ function withProxyPorts(batch: UnitBatch, bound: readonly UnitProxyPort[]): Unit
   return out;
 }
 
-/** One line per unit over the workers: the first worker's, with connections open and held summed, and every worker's errors. */
-function mergeStatus(views: ReadonlyArray<{ worker: number; status: readonly UnitStatus[] }>): UnitStatus[] {
-  const byName = new Map<string, { status: UnitStatus; errors: Map<string, number[]> }>();
+/**
+ * One line per unit over the workers: the first worker's, with connections open and held summed,
+ * every worker's errors, and the endpoints any worker's passive health set aside (each worker
+ * judges the connections it dials), until the latest.
+ */
+export function mergeStatus(views: ReadonlyArray<{ worker: number; status: readonly UnitStatus[] }>): UnitStatus[] {
+  const byName = new Map<string, { status: UnitStatus; errors: Map<string, number[]>; setAside: Map<string, string> }>();
   for (const { worker, status } of views) {
     for (const s of status) {
       let m = byName.get(s.name);
       if (m === undefined) {
-        m = { status: { ...s, active: 0, held: 0, errors: [] }, errors: new Map() };
+        m = { status: { ...s, active: 0, held: 0, errors: [] }, errors: new Map(), setAside: new Map() };
         byName.set(s.name, m);
       }
       m.status.active += s.active;
       m.status.held += s.held;
       for (const e of s.errors) m.errors.set(e, [...(m.errors.get(e) ?? []), worker]);
+      for (const { endpoint, until } of s.setAside) if (until > (m.setAside.get(endpoint) ?? '')) m.setAside.set(endpoint, until);
     }
   }
   const out: UnitStatus[] = [];
-  for (const { status, errors } of byName.values()) {
+  for (const { status, errors, setAside } of byName.values()) {
     // An error every worker has is the unit's; one only some have says which.
     for (const [e, workers] of errors) status.errors.push(workers.length === views.length ? e : `worker ${workers.join(', ')}: ${e}`);
+    status.setAside = [...setAside].map(([endpoint, until]) => ({ endpoint, until }));
     out.push(status);
   }
   return out.sort((a, b) => a.name.localeCompare(b.name));
