@@ -45,8 +45,11 @@ export interface RunningProxy {
   names: LocalNames;
   /** Connections open now, node-wide: with workers, asked of each (their reports lag up to a second). */
   activeConnectionsNow(): Promise<number>;
-  /** Stop accepting, let connections finish for the grace period, close everything. */
-  stop(graceMs?: number): Promise<{ cut: number }>;
+  /**
+   * Stop accepting, let connections finish for the grace period (or until `endGrace` is aborted),
+   * cut what remains, close everything.
+   */
+  stop(graceMs?: number, endGrace?: AbortSignal): Promise<{ cut: number }>;
   /**
    * A successor serves the same addresses (--handover-socket): stop accepting everywhere at once
    * (proxy, health, admin and DNS listeners), let connections finish for the grace period. The
@@ -211,12 +214,12 @@ async function start(config: ProxyConfig, logger: Logger, started: Started, opts
       if (pool) await pool.refreshFigures();
       return proxier.activeConnections();
     },
-    async stop(graceMs = config.shutdownGracePeriodMs) {
+    async stop(graceMs = config.shutdownGracePeriodMs, endGrace?: AbortSignal) {
       clearInterval(resync);
       await source.stop();
       // Health keeps answering through the grace period, so a liveness probe does not kill a
       // proxy that is draining; portal rules stay in place for the next start to take over.
-      const result = await proxier.shutdown(graceMs);
+      const result = await proxier.shutdown(graceMs, endGrace ? { endGrace } : undefined);
       demand.events?.stop();
       dialer.close();
       // The hosts-file block goes last: names keep resolving while connections drain.

@@ -14,6 +14,8 @@ import type { EarlyStateRead } from './io/kube/state-file-read.js';
 const SUCCESSOR_WAIT_MS = 60_000;
 /** How long a successor that abandons a hand-over lets what it accepted finish before it exits. */
 const ABANDON_DRAIN_MS = 5000;
+/** What stops the proxy: SIGTERM (the kubelet), SIGINT (Ctrl-C), SIGHUP (its terminal closed). */
+const STOP_SIGNALS: readonly NodeJS.Signals[] = ['SIGTERM', 'SIGINT', 'SIGHUP'];
 
 /** What main.ts began before loading this module. */
 export interface CommandStart {
@@ -47,9 +49,25 @@ async function main(argv: string[], begun: CommandStart): Promise<number> {
     logger.info({ portal: config.portal }, 'cleanup done');
     return 0;
   }
+  // The first SIGTERM, SIGINT or SIGHUP (the terminal closed) stops the proxy. A later one ends the
+  // shutdown's grace period at once (what is still open is cut) and the shutdown goes on: Node's
+  // default action would kill the process and leave the hosts-file block behind. Ours for good.
+  const endGrace = new AbortController();
+  let stopping: NodeJS.Signals | undefined;
+  let handingOver = false;
   const signalled = new Promise<NodeJS.Signals>((resolve) => {
-    process.once('SIGTERM', resolve);
-    process.once('SIGINT', resolve);
+    const onSignal = (signal: NodeJS.Signals): void => {
+      if (stopping === undefined) {
+        stopping = signal;
+        resolve(signal);
+        return;
+      }
+      // Handed over, signals end the wait for the drain (below), never the drain itself.
+      if (handingOver || endGrace.signal.aborted) return;
+      logger.warn({ signal }, 'signalled again: the grace period ends now; connections still open are cut');
+      endGrace.abort();
+    };
+    for (const s of STOP_SIGNALS) process.on(s, onSignal);
   });
   // --handover-socket: a running proxy hands over to this one (or refuses: one line, exit 1).
   const takeOver = await takeOverIfRunning(config, logger);
@@ -106,12 +124,12 @@ async function main(argv: string[], begun: CommandStart): Promise<number> {
     if (successor === undefined) await handover.server.close();
   }
   if (successor !== undefined) {
+    handingOver = true;
     // Drain whatever signals come: the successor serves, and established connections finish here.
     // With --after-handover wait, a signal after the drain ends the wait.
     let stopAsked: (() => void) | undefined;
     const stopped = new Promise<void>((resolve) => (stopAsked = resolve));
-    process.on('SIGTERM', () => stopAsked?.());
-    process.on('SIGINT', () => stopAsked?.());
+    for (const s of STOP_SIGNALS) process.on(s, () => stopAsked?.());
     logger.info({ to: successor.pid, version: successor.version, active: await proxy.activeConnectionsNow(), graceMs: config.shutdownGracePeriodMs }, 'handed over: no new connections here; established ones may finish');
     const { cut } = await proxy.retire();
     // A signal that came during the hand-over (the pod deleted meanwhile) was the stop already.
@@ -131,7 +149,7 @@ async function main(argv: string[], begun: CommandStart): Promise<number> {
   }
   const signal = next as NodeJS.Signals;
   logger.info({ signal, active: await proxy.activeConnectionsNow(), graceMs: config.shutdownGracePeriodMs }, 'shutting down: no new connections; established ones may finish');
-  const { cut } = await proxy.stop();
+  const { cut } = await proxy.stop(undefined, endGrace.signal);
   logger.info({ cut }, 'stopped');
   logger.flush();
   return 0;

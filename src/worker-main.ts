@@ -15,9 +15,9 @@ import { WorkerServer } from './workers/worker-server.js';
 /**
  * A worker process (`--workers N`): the composition root of the data path alone. It runs the
  * units the controller sends on sockets of its own, bound with SO_REUSEPORT beside its siblings',
- * and answers over the IPC channel. Signals are the controller's business: SIGTERM and SIGINT
- * (which a terminal's Ctrl-C sends the whole process group) are ignored here; the controller
- * drains the workers. When the channel closes (the controller is gone) the worker exits at once.
+ * and answers over the IPC channel. Signals are the controller's business: SIGTERM, SIGINT and
+ * SIGHUP (which a terminal's Ctrl-C and its closing send the whole process group) are ignored
+ * here; the controller drains the workers. When the channel closes (the controller is gone) the worker exits at once.
  */
 function listenerBudget(): number {
   const limit = readOpenFileLimit();
@@ -31,6 +31,7 @@ const logger = createLogger(init.logLevel as LevelWithSilent, pino.destination({
 
 process.on('SIGTERM', () => undefined);
 process.on('SIGINT', () => undefined);
+process.on('SIGHUP', () => undefined);
 
 const channel = parentChannel(() => {
   logger.warn('the controller is gone: exiting');

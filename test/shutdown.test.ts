@@ -1,4 +1,4 @@
-import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { connect, createServer, type AddressInfo, type Server, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -143,6 +143,29 @@ describe('SIGTERM', () => {
     expect(r.stdout()).toMatch(/"cut":1/);
     socket.destroy();
   });
+});
+
+describe('a second signal, and SIGHUP', () => {
+  for (const [first, second] of [['SIGTERM', 'SIGTERM'], ['SIGINT', 'SIGINT'], ['SIGHUP', 'SIGTERM']] as const) {
+    it(`${second} after ${first} ends the grace period at once, cuts what is open, removes the hosts-file block and exits 0`, async () => {
+      const hosts = join(dir, `hosts-${first}-${second}`);
+      await writeFile(hosts, '127.0.0.1 localhost\n');
+      const r = start(['--shutdown-grace-period', '60s', '--hosts-file', hosts]);
+      await serving(r);
+      await waitFor(async () => (await readFile(hosts, 'utf8')).includes('stream.default'), 'the hosts-file block');
+      const { socket, got } = await connectTo(port, SVC);
+      await got.until('part1;'.length);
+      r.child.kill(first);
+      await r.waitForLine(/shutting down/);
+      r.child.kill(second);
+      // Well inside the 60 s grace period: the second signal ended it, and the shutdown went on.
+      expect(await withDeadline(r.exited, 10_000, 'the proxy to exit')).toBe(0);
+      await r.waitForLine(/signalled again: the grace period ends now/);
+      expect(r.stdout()).toMatch(/"cut":1/);
+      expect(await readFile(hosts, 'utf8')).toBe('127.0.0.1 localhost\n');
+      socket.destroy();
+    });
+  }
 });
 
 describe('SIGKILL', () => {

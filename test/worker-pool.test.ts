@@ -266,6 +266,27 @@ describe('WorkerPool', () => {
     expect(launcher.launched.every((w) => w.dead)).toBe(true);
   });
 
+  it('ends every worker\'s drain at once when the grace period is ended early (a second signal)', async () => {
+    const launcher = new InProcessLauncher({ seed: SEED });
+    const pool = await startPool(launcher);
+    const [a] = await backends('a');
+    await pool.apply(batch({ open: [{ unit: unit('default/web:http', [a as Endpoint]), listen: PROXY_PORT_SPEC }] }));
+    const port = pool.views()[0]?.proxyPort as number;
+    const held: Socket[] = [];
+    for (let i = 0; i < 10; i++) {
+      const s = connect({ host: '127.0.0.1', port });
+      await withDeadline(new Promise((r) => s.once('data', r)), 5000, 'the connection to be spliced');
+      s.on('error', () => undefined);
+      held.push(s);
+    }
+    closers.push(() => held.forEach((s) => s.destroy()));
+    const endGrace = new AbortController();
+    const stopping = pool.shutdown(60_000, { endGrace: endGrace.signal });
+    setImmediate(() => endGrace.abort());
+    // Well inside the minute: each worker cut what it had and answered.
+    expect((await withDeadline(stopping, 5000, 'the shutdown')).cut).toBe(10);
+  });
+
   it('counts as cut the connections of a worker that dies while draining', async () => {
     // Worker 0 dies as soon as it has begun to drain, before it can answer.
     const launcher: InProcessLauncher = new InProcessLauncher({

@@ -10,10 +10,9 @@ import { Topic } from '../core/topic.js';
 import { diffUnits, type ProxyUnit } from '../core/units.js';
 import type { Logger } from '../seams/logger.js';
 import type { Portal } from '../seams/portal.js';
-import type { CloseOptions } from '../seams/proxy-socket.js';
 import type { ChangeEvent, ProxierEvents, StateChange, SyncEvent, SyncSummary } from '../seams/proxier-events.js';
 import type { StateSink } from '../seams/state-sink.js';
-import type { UnitBatch, UnitOpen, UnitSet, UnitStatus } from '../seams/unit-set.js';
+import type { UnitBatch, UnitOpen, ShutdownOptions, UnitSet, UnitStatus } from '../seams/unit-set.js';
 import { BoundedFrequencyRunner } from './runner.js';
 
 export interface ProxierOptions {
@@ -193,7 +192,7 @@ export class Proxier implements ProxierEvents {
    * Stop syncing and accepting, let established connections finish for up to `graceMs`, then cut
    * what remains. Portal rules are left to the caller (they stay in place across a restart).
    */
-  async shutdown(graceMs: number, opts?: CloseOptions): Promise<{ cut: number }> {
+  async shutdown(graceMs: number, opts?: ShutdownOptions): Promise<{ cut: number }> {
     // A sync under way could otherwise open sockets after the unit set's snapshot, never to be closed.
     await this.pause();
     return this.units.shutdown(graceMs, opts);

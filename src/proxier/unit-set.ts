@@ -10,9 +10,9 @@ import type { ProxyUnit } from '../core/units.js';
 import type { Logger } from '../seams/logger.js';
 import type { AffinityShare, UnitStickyUpdates } from '../seams/affinity-share.js';
 import type { ListenSpec, RunningUnitView } from '../seams/portal.js';
-import type { BoundAddress, CloseOptions, ProxySocket } from '../seams/proxy-socket.js';
+import type { BoundAddress, ProxySocket } from '../seams/proxy-socket.js';
 import type { TcpHandOff, TcpHandOffs } from '../seams/tcp-hand-off.js';
-import type { UnitBatch, UnitBatchResult, UnitOpen, UnitProxyPort, UnitSet, UnitStats, UnitStatus } from '../seams/unit-set.js';
+import type { UnitBatch, UnitBatchResult, UnitOpen, UnitProxyPort, ShutdownOptions, UnitSet, UnitStats, UnitStatus } from '../seams/unit-set.js';
 import { realTimers, type RunnerTimers } from './runner.js';
 
 /** Builds the sockets of one unit; the composition root wires TCP and UDP proxy sockets here. */
@@ -212,7 +212,7 @@ export class LocalUnitSet implements UnitSet, AffinityShare, TcpHandOffs {
     this.sweepTimer = this.timers.setTimeout(tick, this.opts.sweepIntervalMs);
   }
 
-  async shutdown(graceMs: number, opts?: CloseOptions): Promise<{ cut: number }> {
+  async shutdown(graceMs: number, opts?: ShutdownOptions): Promise<{ cut: number }> {
     this.stopping = true;
     // Handed over, UDP sessions live on until they idle out: the sweep goes on until the end.
     const handOver = opts?.handOver === true;
@@ -223,6 +223,9 @@ export class LocalUnitSet implements UnitSet, AffinityShare, TcpHandOffs {
     let timer: unknown;
     const graceOver = new Promise<'grace'>((resolve) => {
       timer = this.timers.setTimeout(() => resolve('grace'), graceMs);
+      const endGrace = opts?.endGrace;
+      if (endGrace?.aborted === true) resolve('grace');
+      else endGrace?.addEventListener('abort', () => resolve('grace'), { once: true });
     });
     const outcome = await Promise.race([drained.then(() => 'drained' as const), graceOver]);
     this.timers.clearTimeout(timer);

@@ -134,5 +134,10 @@ export interface UnitSet {
    * Stop accepting everywhere, let established connections finish for up to `graceMs`, then cut
    * what remains. `handOver`: a successor serves the same addresses (ProxySocket.close).
    */
-  shutdown(graceMs: number, opts?: CloseOptions): Promise<{ cut: number }>;
+  shutdown(graceMs: number, opts?: ShutdownOptions): Promise<{ cut: number }>;
+}
+
+export interface ShutdownOptions extends CloseOptions {
+  /** Aborted: the grace period ends now, and what remains is cut (a second SIGTERM or Ctrl-C). */
+  endGrace?: AbortSignal;
 }

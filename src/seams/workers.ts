@@ -51,7 +51,9 @@ export type ToWorker =
   /** Every live sticky entry, for a new sibling. */
   | { t: 'stickyDump'; id: number }
   /** Stop accepting, drain for up to `graceMs`, cut the rest, report, exit. `handOver`: UnitSet.shutdown's. */
-  | { t: 'shutdown'; id: number; graceMs: number; ack: number; handOver?: boolean };
+  | { t: 'shutdown'; id: number; graceMs: number; ack: number; handOver?: boolean }
+  /** The shutdown's grace period ends now (the controller got a second signal): cut what remains. */
+  | { t: 'endGrace' };
 
 /** Worker to controller. */
 export type FromWorker =

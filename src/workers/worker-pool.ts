@@ -6,8 +6,7 @@ import type { Reading } from '../core/stats-ledger.js';
 import { NodeStats, seriesKey, type WorkerReport } from '../core/worker-stats.js';
 import type { Logger } from '../seams/logger.js';
 import type { RunningUnitView } from '../seams/portal.js';
-import type { CloseOptions } from '../seams/proxy-socket.js';
-import type { UnitBatch, UnitBatchResult, UnitOpen, UnitProxyPort, UnitSet, UnitStats, UnitStatus } from '../seams/unit-set.js';
+import type { UnitBatch, UnitBatchResult, UnitOpen, UnitProxyPort, ShutdownOptions, UnitSet, UnitStats, UnitStatus } from '../seams/unit-set.js';
 import type { FromWorker, ToWorker, WorkerFigures, WorkerHandle, WorkerLauncher } from '../seams/workers.js';
 
 export interface WorkerPoolOptions {
@@ -280,15 +279,23 @@ export class WorkerPool implements UnitSet {
   }
 
   /** Every worker stops accepting and drains for up to `graceMs`; a worker that does not answer in time is killed. */
-  async shutdown(graceMs: number, opts?: CloseOptions): Promise<{ cut: number }> {
+  async shutdown(graceMs: number, opts?: ShutdownOptions): Promise<{ cut: number }> {
     this.stopping = true;
     clearInterval(this.reportTimer);
     for (const slot of this.slots) clearTimeout(slot.restartTimer);
     const live = this.slots.filter((s) => s.handle !== undefined);
+    // The grace period ended early: each worker cuts what it still has and answers at once.
+    const endGrace = (): void => {
+      for (const slot of live) slot.handle?.send({ t: 'endGrace' });
+    };
     // What each had open, as last reported: a worker that dies while draining is retired (and its
     // figures cleared) before its reply is missed.
     const openBefore = new Map(live.map((slot) => [slot, this.nodeStats.slot(slot.index).active]));
-    const replies = await Promise.all(live.map(async (slot) => ({ slot, reply: await this.request(slot, (id) => ({ t: 'shutdown', id, graceMs, ack: slot.acked, ...(opts?.handOver === true ? { handOver: true } : {}) }), graceMs + SHUTDOWN_MARGIN_MS) })));
+    const asked = Promise.all(live.map(async (slot) => ({ slot, reply: await this.request(slot, (id) => ({ t: 'shutdown', id, graceMs, ack: slot.acked, ...(opts?.handOver === true ? { handOver: true } : {}) }), graceMs + SHUTDOWN_MARGIN_MS) })));
+    if (opts?.endGrace?.aborted === true) endGrace();
+    else opts?.endGrace?.addEventListener('abort', endGrace, { once: true });
+    const replies = await asked;
+    opts?.endGrace?.removeEventListener('abort', endGrace);
     let cut = 0;
     for (const { slot, reply } of replies) {
       if (reply?.t === 'shutdown') {

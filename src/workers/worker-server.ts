@@ -34,6 +34,8 @@ export class WorkerServer {
   private readonly reporter = new StatsReporter();
   private stickyTimer: NodeJS.Timeout | undefined;
   private stopping = false;
+  /** Aborted by the controller's endGrace: the drain under way ends now. */
+  private readonly endGrace = new AbortController();
 
   constructor(private readonly opts: WorkerServerOptions) {
     this.log = opts.logger.child({ component: 'worker' });
@@ -88,6 +90,10 @@ export class WorkerServer {
       case 'shutdown':
         this.inOrder(m.id, async () => this.shutdown(m.id, m.graceMs, m.ack, m.handOver === true));
         return;
+      case 'endGrace':
+        // Not in order: the shutdown it ends is the request under way.
+        this.endGrace.abort();
+        return;
     }
   }
 
@@ -100,7 +106,7 @@ export class WorkerServer {
   private async shutdown(id: number, graceMs: number, ack: number, handOver: boolean): Promise<undefined> {
     this.stopping = true;
     if (this.stickyTimer !== undefined) clearTimeout(this.stickyTimer);
-    const { cut } = await this.opts.units.shutdown(graceMs, handOver ? { handOver } : undefined);
+    const { cut } = await this.opts.units.shutdown(graceMs, { endGrace: this.endGrace.signal, ...(handOver ? { handOver } : {}) });
     // The connections have ended: their bytes are counted now, and reported before the process goes.
     const report = await this.report(ack, true);
     this.log.info({ cut }, 'worker drained');
