@@ -178,7 +178,7 @@ describe('IptablesPortal (fake node)', () => {
     const node = new FakeNode();
     const p = portal(node);
     const v = views(unitsOf(sp('default/web:http', { nodePort: 30080 })));
-    expect(await p.sync(v, false)).toEqual({ errors: [] });
+    expect(await p.sync(v, false)).toEqual({ errors: [], skipped: [] });
     // Not started: what the node holds is unknown, so the first sync reads a dump first.
     expect(node.saves().map((c) => c.command)).toEqual(['iptables-save']);
     expect(node.restores().map((c) => c.command)).toEqual(['iptables-restore']);
@@ -292,7 +292,7 @@ describe('IptablesPortal (fake node)', () => {
     const node = new FakeNode();
     node.missing.add('conntrack');
     const p = portal(node, { logger });
-    expect(await p.sync(views(unitsOf(sp('default/dns:dns', { protocol: 'UDP', port: 53 }))), false)).toEqual({ errors: [] });
+    expect(await p.sync(views(unitsOf(sp('default/dns:dns', { protocol: 'UDP', port: 53 }))), false)).toEqual({ errors: [], skipped: [] });
     await p.sync(views(unitsOf(sp('default/dns:dns', { protocol: 'UDP', port: 53 })), 40009), false);
     expect(node.conntrackCalls()).toHaveLength(1);
     expect(records.filter((r) => r.level === 40).map((r) => r.msg)).toEqual([expect.stringContaining('conntrack is not installed')]);
@@ -326,9 +326,19 @@ describe('IptablesPortal (fake node)', () => {
     const failed = await p.sync(moved, false);
     expect(failed.errors).toEqual([expect.stringMatching(/^IPv4 portal rules not installed .*line 7 failed/)]);
     node.calls = [];
-    expect(await p.sync(moved, false)).toEqual({ errors: [] });
+    expect(await p.sync(moved, false)).toEqual({ errors: [], skipped: [] });
     expect(node.saves()).toHaveLength(1);
     expect(node.restores()).toHaveLength(1);
+  });
+
+  it('a unit it cannot program by its configuration (IPv6 with an IPv4 --bind-address) is skipped, not an error: the sync did its work', async () => {
+    const node = new FakeNode();
+    const p = portal(node, { bindAddress: '192.168.1.10' });
+    const v = views(unitsOf(sp('default/v4:http'), sp('default/dual:http', { clusterIPs: ['10.96.0.11', 'fd00::11'] })));
+    const skipped = ['default/dual:http: cannot program its IPv6 portals: proxy ports listen on --bind-address 192.168.1.10 only'];
+    expect(await p.sync(v, false)).toEqual({ errors: [], skipped });
+    expect(await p.sync(v, true)).toEqual({ errors: [], skipped });
+    expect(node.restores().some((r) => r.input?.includes('-d 10.96.0.11/32') === true)).toBe(true);
   });
 
   it('an add whose transaction failed is written by the next sync, from a dump, though nothing changed since; then syncs are incremental again', async () => {
@@ -344,7 +354,7 @@ describe('IptablesPortal (fake node)', () => {
     // The same units: the render has nothing new, but the node did not take the last one. The
     // dump (empty here) is compared with every chain, and all of it is written again.
     node.calls = [];
-    expect(await p.sync(added, false)).toEqual({ errors: [] });
+    expect(await p.sync(added, false)).toEqual({ errors: [], skipped: [] });
     expect(node.saves()).toHaveLength(1);
     const full = node.restores()[0]?.input ?? '';
     expect(full).toContain('--comment "default/web:http"');
@@ -434,7 +444,7 @@ describe.skipIf(iptablesSkipReason !== undefined)(`IptablesPortal against real i
 
     const natRules = (text: string): string[] => text.split('\n').filter((l) => / -j (REDIRECT|DNAT) /.test(l));
     let started = performance.now();
-    expect(await p.sync(all, false)).toEqual({ errors: [] });
+    expect(await p.sync(all, false)).toEqual({ errors: [], skipped: [] });
     const firstSync = performance.now() - started;
     let saved = await dump();
     expect(natRules(saved)).toHaveLength(2000);
@@ -445,7 +455,7 @@ describe.skipIf(iptablesSkipReason !== undefined)(`IptablesPortal against real i
     await nsExec(ns, 'iptables', ['-t', 'nat', '-A', 'KUBE-PORTALS-HOST', '-d', '10.99.0.1/32', '-j', 'RETURN']);
     const rest = all.filter((v) => v.unit.service !== 'ns5/svc5');
     started = performance.now();
-    expect(await p.sync(rest, false)).toEqual({ errors: [] });
+    expect(await p.sync(rest, false)).toEqual({ errors: [], skipped: [] });
     timings.push(`resync of 999 Services: ${(performance.now() - started).toFixed(0)} ms in all, iptables-restore ${restoreMs[restoreMs.length - 1]?.toFixed(0)} ms`);
     saved = await dump();
     expect(saved).not.toContain('"ns5/svc5:http"');
@@ -455,13 +465,13 @@ describe.skipIf(iptablesSkipReason !== undefined)(`IptablesPortal against real i
     // A stray rule in a chain of ours that no change touched stays until the periodic sync,
     // which reads the chains back and writes again each one that differs.
     expect(saved).toContain('10.99.0.1/32');
-    expect(await p.sync(rest, true)).toEqual({ errors: [] });
+    expect(await p.sync(rest, true)).toEqual({ errors: [], skipped: [] });
     expect(await dump()).not.toContain('10.99.0.1/32');
 
     // Flushed by someone: the periodic sync puts chains and jumps back.
     await nsExec(ns, 'iptables', ['-t', 'nat', '-F']);
     await nsExec(ns, 'iptables-restore', ['--noflush'], { input: `*nat\n${FOREIGN_NAT}\nCOMMIT\n` }); // its owner puts it back
-    expect(await p.sync(rest, true)).toEqual({ errors: [] });
+    expect(await p.sync(rest, true)).toEqual({ errors: [], skipped: [] });
     saved = await dump();
     expect(planJumps(parseIptablesSave(saved))).toEqual({ nat: [], filter: [] });
     expect(natRules(saved)).toHaveLength(1998);
@@ -483,7 +493,7 @@ describe.skipIf(iptablesSkipReason !== undefined)(`IptablesPortal against real i
     const pool = views(unitsOf(svc(10, { nodePort: 31000 }), svc(26), svc(11, { protocol: 'UDP', port: 53, nodePort: 32767 }), svc(42, { externalIPs: ['203.0.113.42'] })), 41000);
     const steps = [[0, 1, 2, 3], [0, 1, 2], [1, 2], [1], [1, 3, 0], [2], []].map((picked) => picked.map((i) => pool[i]!));
     for (const [i, step] of steps.entries()) {
-      expect(await p.sync(step, false)).toEqual({ errors: [] });
+      expect(await p.sync(step, false)).toEqual({ errors: [], skipped: [] });
       const want = renderIptablesRules({ family: 4, targets: step, bindAddress: '0.0.0.0', hostIP: '192.168.1.10', nodePortCIDRs: [] }).chains;
       expect(chainsInDump(parseIptablesSave(await dump())), `step ${i}`).toEqual(want);
     }
@@ -512,7 +522,7 @@ describe.skipIf(iptablesSkipReason !== undefined)(`IptablesPortal against real i
     await p.start();
     const [web] = unitsOf(sp('default/web:http', { nodePort: 30080 }));
     expect(p.preferredProxyPort(web!)).toBe(40001);
-    expect(await p.sync([{ unit: web!, proxyPort: 40001 }], false)).toEqual({ errors: [] });
+    expect(await p.sync([{ unit: web!, proxyPort: 40001 }], false)).toEqual({ errors: [], skipped: [] });
     const saved = parseIptablesSave(await dump());
     expect(planJumps(saved)).toEqual({ nat: [], filter: [] });
     const rules = (await dump()).split('\n');
@@ -533,7 +543,7 @@ describe.skipIf(iptablesSkipReason !== undefined)(`IptablesPortal against real i
     const p = new IptablesPortal({ runner: nsRunner(ns), logger: silentLogger(), nodeAddresses, bindAddress: '0.0.0.0', nodePortAddresses: [] });
     await p.start();
     const ports = Array.from({ length: 100 }, (_, i) => sp(`ns/svc${i}:http`, { clusterIPs: [`10.96.1.${i + 1}`], nodePort: 30000 + i }));
-    expect(await p.sync(views(unitsOf(...ports)), false)).toEqual({ errors: [] });
+    expect(await p.sync(views(unitsOf(...ports)), false)).toEqual({ errors: [], skipped: [] });
     await nsExec(ns, 'ip', ['link', 'set', 'lo', 'up']);
     await nsExec(ns, 'iptables', ['-Z', 'INPUT']);
     // One connection on loopback, 200 round trips: about 600 packets through INPUT.

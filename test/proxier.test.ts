@@ -18,6 +18,8 @@ class RecordingPortal implements Portal {
   readonly mode = 'iptables' as const;
   syncs: Array<{ units: string[]; periodic: boolean }> = [];
   fail = false;
+  /** What sync() says it cannot program (PortalSyncResult.skipped). */
+  skip: string[] = [];
   async start(): Promise<void> {}
   async cleanup(): Promise<void> {}
   listenSpecs(unit: ProxyUnit): ListenSpec[] {
@@ -25,7 +27,7 @@ class RecordingPortal implements Portal {
   }
   async sync(units: readonly RunningUnitView[], periodic: boolean): Promise<PortalSyncResult> {
     this.syncs.push({ units: units.map((u) => `${u.unit.id}@${u.proxyPort}`), periodic });
-    return { errors: this.fail ? ['iptables-restore failed'] : [] };
+    return { errors: this.fail ? ['iptables-restore failed'] : [], skipped: this.skip };
   }
 }
 
@@ -166,6 +168,29 @@ describe('the proxier programs the portal only when rules can change', () => {
     expect(portal.syncs).toHaveLength(2);
     await proxier.shutdown(0);
   });
+
+describe('a unit the portal cannot program by its configuration', () => {
+  it('is said once, and the sync is complete: health must not fail for what no retry changes', async () => {
+    const { logger, records } = captureLogger('warn');
+    const portal = new RecordingPortal();
+    portal.skip = ['default/web:http: cannot program its IPv6 portals: proxy ports listen on --bind-address 192.168.1.10 only'];
+    const { proxier } = makeProxier(parts({ portal, logger }));
+    let last: SyncEvent | undefined;
+    proxier.onSync((e) => {
+      last = e;
+    });
+    proxier.cache.upsertService(web('1'));
+    await proxier.setSynced();
+    expect(last?.summary.portalErrors).toBe(0);
+    expect(last?.complete).toBe(true);
+    // Another Service's unit makes the portal program (and skip) again: not said again.
+    proxier.cache.upsertService(service({ name: 'api', clusterIP: '10.96.0.11', ports: [{ name: 'http', port: 80 }], resourceVersion: '1' }));
+    await proxier.syncNow();
+    expect(portal.syncs).toHaveLength(2);
+    expect(records.filter((r) => /cannot program its IPv6 portals/.test(String(r.msg)))).toHaveLength(1);
+    await proxier.shutdown(0);
+  });
+});
 
 describe('shutdown', () => {
   it('waits for a sync under way, so nothing it opens outlives the shutdown', async () => {

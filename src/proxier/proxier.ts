@@ -77,6 +77,8 @@ export class Proxier implements ProxierEvents {
   private current: Promise<void> | undefined;
   /** True until the portal has been programmed once, and again after it failed. */
   private portalNeedsSync = true;
+  /** The units the portal last said it cannot program (PortalSyncResult.skipped), as logged. */
+  private lastSkipped = '';
   /** When the oldest change not yet applied was queued, or undefined when none waits. */
   private pendingSince: number | undefined;
   /** Set while the last sync failed: how long until it is tried again. */
@@ -370,9 +372,14 @@ export class Proxier implements ProxierEvents {
     const portalChanged = summary.opened + summary.closed + summary.recreated + applied.rebound > 0;
     let portalErrors: string[] = [];
     if (lane === 'full' && (portalChanged || periodic || this.portalNeedsSync)) {
-      portalErrors = (await this.opts.portal.sync(this.units.views(), periodic)).errors;
+      const result = await this.opts.portal.sync(this.units.views(), periodic);
+      portalErrors = result.errors;
       for (const e of portalErrors) this.log.error({ portal: this.opts.portal.mode }, e);
       this.portalNeedsSync = portalErrors.length > 0;
+      // Said when the list changes, not at every sync: nothing but the Services' change alters it.
+      const skipped = result.skipped ?? [];
+      if (skipped.join('\n') !== this.lastSkipped) for (const e of skipped) this.log.warn({ portal: this.opts.portal.mode }, `${e}; the Service's other portals are in force`);
+      this.lastSkipped = skipped.join('\n');
     }
     // Ports this batch freed were held from the units still without one (the portal pointed them
     // at the closed units until just now): the next sync binds them, soon rather than periodically.

@@ -29,6 +29,12 @@ export interface RunningUnitView {
 export interface PortalSyncResult {
   /** One line per portal that could not be programmed; the others are in force. */
   errors: string[];
+  /**
+   * One line per unit whose portals this mode cannot program, by its configuration rather than
+   * the node's state (an IPv6 ClusterIP with an IPv4 --bind-address): the rest are in force, and
+   * no retry would change it, so the sync is not failed for it (kube-proxy skips such a Service).
+   */
+  skipped?: string[];
 }
 
 /**

@@ -147,6 +147,7 @@ export class IptablesPortal implements Portal {
   async sync(units: readonly RunningUnitView[], periodic: boolean): Promise<PortalSyncResult> {
     this.families.replace(units.map((u) => u.unit));
     const errors: string[] = [];
+    const skipped: string[] = [];
     const programmed: IPFamily[] = [];
     for (const family of [4, 6] as const) {
       if (!this.installed.has(family) && !familyInUse(family, units, this.opts.bindAddress, this.families.known)) {
@@ -156,12 +157,13 @@ export class IptablesPortal implements Portal {
       }
       const result = await this.syncFamily(family, units, periodic);
       errors.push(...result.errors);
+      skipped.push(...result.skipped);
       if (result.programmed) programmed.push(family);
     }
     this.rememberPorts(units);
     // Only once the rules point at the current ports: a packet after the deletion is NATed afresh.
     for (const family of programmed) await this.clearStaleFlows(family, units);
-    return { errors };
+    return { errors, skipped };
   }
 
   async cleanup(): Promise<void> {
@@ -173,7 +175,7 @@ export class IptablesPortal implements Portal {
     if (report.failures.length > 0) throw cleanupError(report.failures);
   }
 
-  private async syncFamily(family: IPFamily, units: readonly RunningUnitView[], periodic: boolean): Promise<{ errors: string[]; programmed: boolean }> {
+  private async syncFamily(family: IPFamily, units: readonly RunningUnitView[], periodic: boolean): Promise<{ errors: string[]; skipped: string[]; programmed: boolean }> {
     const rendered = (this.renders.get(family) as IncrementalRender).render({
       family,
       targets: units,
@@ -204,9 +206,9 @@ export class IptablesPortal implements Portal {
       this.onNode.delete(family);
       this.jumpsDue.delete(family);
       const why = err instanceof Error ? firstLine(err.message) : String(err);
-      return { errors: [...rendered.errors, `IPv${family} portal rules not installed (kept as they were; retried next sync): ${why}`], programmed: false };
+      return { errors: [`IPv${family} portal rules not installed (kept as they were; retried next sync): ${why}`], skipped: rendered.errors, programmed: false };
     }
-    return { errors: rendered.errors, programmed: true };
+    return { errors: [], skipped: rendered.errors, programmed: true };
   }
 
   /**
