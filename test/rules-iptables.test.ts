@@ -109,6 +109,13 @@ describe('rendered iptables-restore payloads (golden)', () => {
     const udp = natRules(render(4, targets([sp({ key: 'default/dns:dns', protocol: 'UDP', port: 53, nodePort: 30053 })])).payload);
     expect(udp).toHaveLength(4);
     for (const r of udp) expect(r).toContain('--comment "default/dns:dns"');
+    // The node's own UDP: to the ClusterIP, DNAT to the node's address; to a node port (an address
+    // of the node already, 127.0.0.1 among them) the port only, so the reply leaves from the
+    // address the client sent to and conntrack matches it.
+    expect(udp.filter((r) => r.includes(' -j DNAT '))).toEqual([
+      expect.stringMatching(/^-A KUBE-UP-PH-\w+ -d 10\.96\.0\.10\/32 -p udp .* --dport 53 -j DNAT --to-destination 192\.168\.1\.10:40001$/),
+      expect.stringMatching(/^-A KUBE-UP-NH-\w+ -p udp .* --dport 30053 -j DNAT --to-destination :40001$/),
+    ]);
   });
 
   /** The rules that do something to a packet (not the jumps between our chains). */

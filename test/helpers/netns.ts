@@ -380,6 +380,10 @@ export function reachabilityTests(getLab: () => Lab | undefined): void {
     expect(await nsRequest(lab().node, 'tcp', S.echoIP, S.tcpPort, 'node')).toBe('backend:node');
     expect(await nsRequest(lab().node, 'udp', S.echoIP, S.udpPort, 'node-udp')).toBe('backend:node-udp');
     expect(await nsRequest(lab().node, 'tcp', '127.0.0.1', S.tcpNodePort, 'lo')).toBe('backend:lo');
+    // UDP answers must come from the address the client sent to, whichever of the node's it was.
+    expect(await nsRequest(lab().node, 'udp', '127.0.0.1', S.udpNodePort, 'lo-udp')).toBe('backend:lo-udp');
+    expect(await nsRequest(lab().node, 'udp', LAB.nodePodSide, S.udpNodePort, 'pod-side-udp')).toBe('backend:pod-side-udp');
+    expect(await nsRequest(lab().node, 'udp', LAB.nodeOutsideSide, S.udpNodePort, 'outside-side-udp')).toBe('backend:outside-side-udp');
   });
 
   it('the outside host reaches a NodePort (TCP and UDP) and an externalIP', async () => {

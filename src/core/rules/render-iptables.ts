@@ -34,7 +34,10 @@ import { hostSharesContainer, unitRules, type UnitRulesContext } from './unit-ru
  *   127.0.0.1 (::1), and a reply from the proxy's wildcard socket to a local client leaves from
  *   the client's own address, not from loopback, so conntrack misses it and UDP clients drop it.
  *   It is DNATed to an address of the node (the default route's, which is also the source a
- *   local client picks for a portal address routed that way), where conntrack does match.
+ *   local client picks for a portal address routed that way), where conntrack does match. A node
+ *   port is one of the node's addresses already (127.0.0.1, or any other): there only the port is
+ *   DNATed (`--to-destination :port`), and the reply leaves from the address the client sent to;
+ *   DNAT to the default route's address would answer a client of 127.0.0.1 from that address.
  * - TCP the node sends is REDIRECTed like arriving traffic: an accepted TCP socket answers from
  *   the address it was reached at (127.0.0.1 or ::1), which is what conntrack expects. So
  *   KUBE-PORTALS-HOST and KUBE-NODEPORT-HOST first jump to their CONTAINER twins for TCP (for

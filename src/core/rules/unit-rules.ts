@@ -62,10 +62,14 @@ export function unitRules(ctx: UnitRulesContext, unit: ProxyUnit, proxyPort: num
   }
   // The node's own traffic takes the arriving traffic's rules (the host chains jump there) where
   // the target would be the same or, for TCP, works as well: see hostSharesContainer.
-  const hostTarget = hostSharesContainer(ctx, unit.protocol) ? undefined : `DNAT --to-destination ${hostPort({ host: ctx.hostIP, port: proxyPort })}`;
+  const shares = hostSharesContainer(ctx, unit.protocol);
+  const hostTarget = shares ? undefined : `DNAT --to-destination ${hostPort({ host: ctx.hostIP, port: proxyPort })}`;
+  // A node port is already one of the node's addresses (127.0.0.1 included): only the port
+  // changes, so the proxy's wildcard socket answers from the address the client sent to.
+  const hostNodePortTarget = shares ? undefined : `DNAT --to-destination :${proxyPort}`;
   const p = unit.protocol.toLowerCase();
   const matchPrefix = `-p ${p} -m comment --comment ${quote(unit.id)} -m ${p} --dport`;
-  for (const portal of unit.portals) portalRules(ctx, unit, portal, matchPrefix, containerTarget, hostTarget, out);
+  for (const portal of unit.portals) portalRules(ctx, unit, portal, matchPrefix, containerTarget, portal.kind === 'nodePort' ? hostNodePortTarget : hostTarget, out);
   return out;
 }
 
