@@ -1,11 +1,11 @@
 import { randomBytes } from 'node:crypto';
-import type { Socket } from 'node:net';
+import { connect, createServer, type AddressInfo, type Socket } from 'node:net';
 import { afterEach, describe, expect, it } from 'vitest';
 import { RoundRobinBalancer } from '../src/core/balancer/round-robin.js';
 import type { LoadBalancer } from '../src/core/balancer/load-balancer.js';
 import { toEndpoint, type Endpoint } from '../src/core/model.js';
 import { PortForwardDialer } from '../src/io/port-forward/port-forward-dialer.js';
-import { HttpTunnelOpener, type TunnelTransport } from '../src/io/port-forward/tunnel-opener.js';
+import { HttpTunnelOpener, type OpenedTunnel, type TunnelOpener, type TunnelTransport } from '../src/io/port-forward/tunnel-opener.js';
 import { TcpProxySocket } from '../src/io/net/tcp-proxy.js';
 import { FakeApiServer } from './helpers/fake-apiserver.js';
 import { FakeBalancer } from './helpers/fake-balancer.js';
@@ -374,6 +374,43 @@ describe('port-forward dialer: the tunnel over time', () => {
     expect(s.dialer.tunnelCount()).toBe(0);
     expect((await talk(s.port, 'y', 7)).toString()).toBe('web-0:y');
     expect(s.api.portForward.opened.websocket).toBe(2);
+  });
+});
+
+describe('closing the dialer', () => {
+  it('closes a tunnel that finishes opening after dialer.close(), and dials nothing after it', async () => {
+    // The tunnel's far end: a plain TCP server standing in for the API server's upgraded connection.
+    const peers: Socket[] = [];
+    const server = createServer((s) => {
+      peers.push(s);
+      s.on('error', () => undefined);
+      s.resume();
+    });
+    await new Promise<void>((resolve) => server.listen(0, LO, resolve));
+    cleanups.push(() => {
+      for (const p of peers) p.destroy();
+      server.close();
+    });
+    let release = (): void => undefined;
+    const gate = new Promise<void>((resolve) => (release = resolve));
+    const opener: TunnelOpener = {
+      async open(): Promise<OpenedTunnel> {
+        await gate; // a slow API server: TLS, an exec credential plugin, the upgrade
+        const pipe = connect((server.address() as AddressInfo).port, LO);
+        await new Promise((resolve) => pipe.once('connect', resolve));
+        return { pipe, transport: 'spdy' };
+      },
+    };
+    const dialer = new PortForwardDialer({ opener, logger: captureLogger('warn').logger, sweepIntervalMs: 20 });
+    const endpoint = toEndpoint({ ip: '10.244.0.1', port: 80, targetPod: { namespace: 'default', name: 'web-0' } });
+    const request = { endpoint, clientAddress: LO, clientPort: 1, localAddress: LO, localPort: 2, timeoutMs: 10_000 };
+    const dialed = dialer.dial(request);
+    dialer.close(); // the proxy stopping, while the tunnel is still opening
+    release();
+    await expect(dialed).rejects.toMatchObject({ failure: 'tunnel-closed' });
+    // The connection the opening made is closed, not left for a sweep that no longer runs.
+    await waitUntil(() => peers.length === 1 && (peers[0]?.readableEnded === true || peers[0]?.destroyed === true), 'the late tunnel to be closed');
+    await expect(dialer.dial(request)).rejects.toMatchObject({ failure: 'tunnel-closed' });
   });
 });
 

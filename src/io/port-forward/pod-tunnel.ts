@@ -37,6 +37,8 @@ export class PodTunnel {
   /** Every live session: the current one and those going away with streams still on them. */
   private readonly sessions = new Set<SpdySession>();
   private requestId = 0;
+  /** close() was called: an opening that completes after it is closed at once, and no stream is made. */
+  private closed = false;
   private idleSinceMs: number | undefined;
   private readonly label: string;
   /** The transport of the open tunnel, if one is open (for tests and logs). */
@@ -55,6 +57,7 @@ export class PodTunnel {
    * connections after this one).
    */
   stream(port: number, onread: OnReadOpts | undefined, timeoutMs: number): Promise<PodStream> {
+    if (this.closed) return Promise.reject(new PortForwardError('tunnel-closed', `the tunnel to pod ${this.label} is closed (the proxy is stopping)`));
     const current = this.session;
     if (current?.usable) return Promise.resolve(this.newStream(current, port, onread));
     this.opening ??= this.open();
@@ -83,8 +86,9 @@ export class PodTunnel {
     return this.sessions.size === 0 && this.opening === undefined;
   }
 
-  /** Close every session; their streams fail. */
+  /** Close every session, and one still opening once it opens; their streams fail. */
   close(): void {
+    this.closed = true;
     for (const s of [...this.sessions]) s.close();
   }
 
@@ -104,6 +108,11 @@ export class PodTunnel {
         onClosed: (s, err) => this.onClosed(s, err),
       });
       if (session.closed) throw new PortForwardError('tunnel-closed', `the tunnel to pod ${this.label} closed as it opened`);
+      if (this.closed) {
+        // Closed while it opened (the proxy stopping): nothing would ever ping or close it.
+        session.close();
+        throw new PortForwardError('tunnel-closed', `the tunnel to pod ${this.label} is closed (the proxy is stopping)`);
+      }
       this.sessions.add(session);
       this.session = session;
       this.requestId = 0;

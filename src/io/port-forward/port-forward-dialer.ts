@@ -50,6 +50,8 @@ export class PortForwardDialer implements Dialer {
   private readonly timings: TunnelTimings;
   private readonly forbiddenSaid = new Set<string>();
   private timer: NodeJS.Timeout | undefined;
+  /** close() was called: no dial from now on. */
+  private closed = false;
 
   constructor(private readonly opts: PortForwardDialerOptions) {
     this.log = opts.logger.child({ component: 'port-forward' });
@@ -60,6 +62,7 @@ export class PortForwardDialer implements Dialer {
   dial(req: DialRequest): Promise<Upstream> {
     const pod = req.endpoint.targetPod;
     if (pod === undefined) return Promise.reject(new PortForwardError('no-pod', `endpoint ${req.endpoint.addr} names no pod: port-forward cannot reach it`));
+    if (this.closed) return Promise.reject(new PortForwardError('tunnel-closed', `pod ${pod.namespace}/${pod.name}: the dialer is closed (the proxy is stopping)`));
     this.start();
     return this.tunnel(pod).stream(req.endpoint.port, req.onread, req.timeoutMs);
   }
@@ -82,8 +85,9 @@ export class PortForwardDialer implements Dialer {
     if (this.tunnels.size === 0) this.stopTimer();
   }
 
-  /** Close every tunnel (their streams fail) and stop the sweep. */
+  /** Close every tunnel (their streams fail; one still opening is closed once it opens) and stop the sweep. */
   close(): void {
+    this.closed = true;
     this.stopTimer();
     for (const t of this.tunnels.values()) t.close();
     this.tunnels.clear();
