@@ -96,6 +96,13 @@ describe('answerDnsQuery', () => {
     }
     expect(ask('nope.svc.cluster.local').rcode).toBe('NXDOMAIN'); // a namespace with no Service
     expect(data(ask('cluster.local', 'SOA'))[0]).toMatchObject({ rname: 'hostmaster.cluster.local' });
+    expect(ask('Cluster.Local.', 'SOA').answers).toEqual([expect.objectContaining({ type: 'SOA', name: 'cluster.local' })]);
+    // svc.<domain> exists but is no zone's apex: an answer owned by cluster.local would be thrown
+    // away by a validating resolver (RFC 1034 4.3.2): NODATA, the SOA in the authority section.
+    const svcSoa = ask('svc.cluster.local', 'SOA');
+    expect(svcSoa.rcode).toBe('NOERROR');
+    expect(svcSoa.answers).toEqual([]);
+    expect(svcSoa.authorities?.[0]).toMatchObject({ type: 'SOA', name: 'cluster.local' });
   });
 
   it('answers SERVFAIL in the domain until the first sync', () => {

@@ -119,7 +119,9 @@ function decide(q: Question, opts: AnswerOptions): Response {
     const e = found.entry;
     for (const p of e.ports) if (p.name === found.port && p.protocol === found.protocol) answers.push(srvRecord(q.name, p.port, fqdn(e, dir.domain), ttl));
     if (answers.length > 0) additionals.push(...addressRecords(fqdn(e, dir.domain), e, 'ANY', ttl));
-  } else if (found.kind === 'apex' && q.type === 'SOA' && zone !== undefined) {
+  } else if (found.kind === 'apex' && q.type === 'SOA' && zone !== undefined && q.name.toLowerCase().replace(/\.$/, '') === zone) {
+    // The zone's own name only: svc.<domain> exists but is no zone apex, and an answer record
+    // must be owned by the name asked (RFC 1034 4.3.2): NODATA with the SOA below, there.
     answers.push(soaRecord(zone, dir, ttl));
   }
   if (answers.length === 0) return { rcode: RCODE.NOERROR, authoritative: true, authorities: soa() };
