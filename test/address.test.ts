@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { isIPv4, isIPv6, parseCidrFlag, parseHostPort } from '../src/core/address.js';
+import { cidrText, isIPv4, isIPv6, parseCidr, parseCidrFlag, parseHostPort, sourceFilter } from '../src/core/address.js';
 import { seeded } from './helpers/seeded.js';
 
 describe('IP syntax', () => {
@@ -47,5 +47,26 @@ describe('CIDR', () => {
     for (const bad of ['10.96.0.0', '10.96.0.0/33', 'fd00::/129', 'x/8', '10.0.0.0/8/1']) {
       expect(() => parseCidrFlag(bad, 'service-cluster-ip-range')).toThrow(/service-cluster-ip-range/);
     }
+  });
+  // What iptables-save and ip6tables-save wrote back for each, in a namespace (iptables 1.8.9):
+  // host bits cleared, RFC 5952 for IPv6 (the first of two equal runs of zeros compressed).
+  it.each([
+    ['10.1.2.3/8', '10.0.0.0/8'],
+    ['203.0.113.5/32', '203.0.113.5/32'],
+    ['2001:0DB8::1/32', '2001:db8::/32'],
+    ['fd00:0:0:1::/64', 'fd00:0:0:1::/64'],
+    ['1:0:0:2:0:0:0:3/128', '1:0:0:2::3/128'],
+    ['2001:db8:0:0:1:0:0:1/128', '2001:db8::1:0:0:1/128'],
+    ['::1/128', '::1/128'],
+    ['1::/16', '1::/16'],
+    ['2001:db8:0:1:1:1:1:1/128', '2001:db8:0:1:1:1:1:1/128'],
+  ])('writes %s as iptables-save does: %s', (text, saved) => {
+    expect(cidrText(parseCidr(text)!)).toBe(saved);
+  });
+
+  it('filters clients by source ranges, IPv4 seen on a dual-stack socket included; a malformed range matches nothing', () => {
+    const allowed = sourceFilter(['203.0.113.0/24', 'fd00:1::/64', 'not-a-cidr']);
+    expect(['203.0.113.9', '::ffff:203.0.113.9', 'fd00:1::5'].map(allowed)).toEqual([true, true, true]);
+    expect(['203.0.114.9', '::ffff:203.0.114.9', 'fd00:2::5', '', 'not-a-cidr'].map(allowed)).toEqual([false, false, false, false, false]);
   });
 });

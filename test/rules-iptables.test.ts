@@ -70,6 +70,18 @@ const cases: Array<{ name: string; family: IPFamily; ports: ServicePort[]; over?
   { name: 'externalip', family: 4, ports: [sp({ key: 'default/web:http', externalIPs: ['203.0.113.10', '203.0.113.11'] })] },
   { name: 'loadbalancer', family: 4, ports: [sp({ key: 'default/web:https', port: 443, nodePort: 30443, loadBalancerIPs: ['198.51.100.7'] })] },
   {
+    // Served from the ranges only, written as iptables-save writes them back (host bits cleared);
+    // the IPv6 range has no IPv4 rule, the ClusterIP and node port take no ranges.
+    name: 'loadbalancer-source-ranges',
+    family: 4,
+    ports: [sp({ key: 'default/web:https', port: 443, nodePort: 30443, loadBalancerIPs: ['198.51.100.7'], loadBalancerSourceRanges: ['203.0.113.5/24', '192.0.2.7/32', '2001:db8::/32'] })],
+  },
+  {
+    name: 'loadbalancer-source-ranges-ipv6',
+    family: 6,
+    ports: [sp({ key: 'default/web6:https', port: 443, clusterIPs: ['fd00:10:96::a'], loadBalancerIPs: ['2001:db8:1::7'], loadBalancerSourceRanges: ['2001:0DB8:0:0:1:0:0:1/128', 'fd00:0:0:1::5/64', '0.0.0.0/0'] })],
+  },
+  {
     name: 'tcp-and-udp',
     family: 4,
     ports: [

@@ -291,6 +291,12 @@ describe('translateService service-level fields', () => {
     expect(translateService(cluster, []).ports[0]?.trafficDistribution).toBeUndefined();
   });
 
+  it('takes spec.loadBalancerSourceRanges, trimmed as kube-proxy does; none when the list is empty', () => {
+    const lb = svc({ type: 'LoadBalancer', spec: { loadBalancerSourceRanges: [' 203.0.113.0/24', 'fd00::/64 ', ''] } });
+    expect(translateService(lb, []).ports[0]?.loadBalancerSourceRanges).toEqual(['203.0.113.0/24', 'fd00::/64']);
+    expect(translateService(svc({ type: 'LoadBalancer', spec: { loadBalancerSourceRanges: [] } }), []).ports[0]?.loadBalancerSourceRanges).toBeUndefined();
+  });
+
   it('gives each port its own arrays', () => {
     const r = translateService(svc({ ports: [{ name: 'a', port: 1 }, { name: 'b', port: 2 }] }), []);
     expect(r.ports[0]?.clusterIPs).not.toBe(r.ports[1]?.clusterIPs);

@@ -53,6 +53,17 @@ describe('diffUnits', () => {
     expect(diffUnits([u1!], [q!]).recreate).toHaveLength(1);
   });
 
+  it('recreates when a load balancer\'s source ranges change: its portal\'s rules change with them', () => {
+    const lb = (ranges?: string[]): ServicePort => sp({ loadBalancerIPs: ['198.51.100.7'], ...(ranges ? { loadBalancerSourceRanges: ranges } : {}) });
+    const [open] = planUnits(lb(), { clusterEndpoints: [a], externalEndpoints: [a] });
+    const [narrow] = planUnits(lb(['203.0.113.0/24']), { clusterEndpoints: [a], externalEndpoints: [a] });
+    const [narrower] = planUnits(lb(['203.0.113.0/25']), { clusterEndpoints: [a], externalEndpoints: [a] });
+    expect(narrow!.portals.find((p) => p.kind === 'loadBalancer')).toEqual({ kind: 'loadBalancer', ip: '198.51.100.7', port: 80, sourceRanges: ['203.0.113.0/24'] });
+    expect(narrow!.portals.find((p) => p.kind === 'clusterIP')?.sourceRanges).toBeUndefined();
+    expect(diffUnits([open!], [narrow!]).recreate).toHaveLength(1);
+    expect(diffUnits([narrow!], [narrower!]).recreate).toHaveLength(1);
+  });
+
   it('opens new and closes removed units', () => {
     const [other] = planUnits(sp({ key: 'default/web:metrics' }), { clusterEndpoints: [], externalEndpoints: [] });
     const d = diffUnits([u1!], [other!]);

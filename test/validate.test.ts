@@ -120,6 +120,8 @@ describe('validateService', () => {
     expect(fields(validateService(svc({}, { externalIPs: ['192.0.2.1', 'example.com'] })))).toEqual(['spec.externalIPs[1]']);
     const lb = svc({ status: { loadBalancer: { ingress: [{ ip: '203.0.113.7' }, { hostname: 'lb.example' }, { ip: '1.2.3' }] } } });
     expect(fields(validateService(lb))).toEqual(['status.loadBalancer.ingress[2].ip']);
+    const ranges = validateService(svc({}, { type: 'LoadBalancer', loadBalancerSourceRanges: ['203.0.113.0/24', ' fd00::/64 ', '10.0.0.1', 42] }));
+    expect(ranges.map((p) => `${p.field}: ${p.message}`)).toEqual(['spec.loadBalancerSourceRanges: 2 entries are not CIDRs, e.g. [2] "10.0.0.1"']);
   });
 
   it('accepts dual-stack clusterIPs of two families and refuses two of one family or a mismatch with clusterIP', () => {

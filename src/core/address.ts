@@ -182,6 +182,41 @@ function mask(prefix: number, width: number): bigint {
   return prefix === 0 ? 0n : (all >> BigInt(width - prefix)) << BigInt(width - prefix);
 }
 
+/**
+ * A CIDR as iptables-save writes it back: the network address (host bits cleared), IPv6 in RFC
+ * 5952's form (lower case, the longest run of two or more zero groups as `::`), and the prefix.
+ * Rules must be rendered so, or every sync would find them different from what the node holds.
+ */
+export function cidrText(cidr: Cidr): string {
+  if (cidr.family === 4) {
+    const v = cidr.base;
+    return `${Number((v >> 24n) & 255n)}.${Number((v >> 16n) & 255n)}.${Number((v >> 8n) & 255n)}.${Number(v & 255n)}/${cidr.prefix}`;
+  }
+  const groups = Array.from({ length: 8 }, (_, i) => Number((cidr.base >> BigInt(112 - 16 * i)) & 0xffffn));
+  let best = { at: -1, len: 1 };
+  for (let i = 0; i < 8; ) {
+    let j = i;
+    while (j < 8 && groups[j] === 0) j++;
+    if (j - i > best.len) best = { at: i, len: j - i };
+    i = j === i ? i + 1 : j;
+  }
+  const hex = groups.map((g) => g.toString(16));
+  const text = best.at < 0 ? hex.join(':') : `${hex.slice(0, best.at).join(':')}::${hex.slice(best.at + best.len).join(':')}`;
+  return `${text}/${cidr.prefix}`;
+}
+
+/**
+ * Whether a client address is within any of `ranges` (CIDRs; malformed ones match nothing). An
+ * IPv4 client seen on a dual-stack socket (`::ffff:a.b.c.d`) is matched as IPv4.
+ */
+export function sourceFilter(ranges: readonly string[]): (ip: string) => boolean {
+  const cidrs = ranges.map(parseCidr).filter((c): c is Cidr => c !== undefined);
+  return (ip) => {
+    const plain = ip.startsWith('::ffff:') && isIPv4(ip.slice(7)) ? ip.slice(7) : ip;
+    return cidrs.some((c) => cidrContains(c, plain));
+  };
+}
+
 export function cidrContains(cidr: Cidr, ip: string): boolean {
   const addr = ipToBigInt(ip);
   if (!addr || addr.family !== cidr.family) return false;

@@ -113,6 +113,11 @@ export interface ServicePort {
   externalIPs: string[];
   /** `status.loadBalancer.ingress[].ip`. */
   loadBalancerIPs: string[];
+  /**
+   * `spec.loadBalancerSourceRanges` (CIDRs): traffic to the load-balancer IPs is served only from
+   * these sources. Absent when the Service has none (every source).
+   */
+  loadBalancerSourceRanges?: string[];
   affinity: AffinityPolicy;
   internalTrafficPolicy: TrafficPolicy;
   externalTrafficPolicy: TrafficPolicy;
@@ -147,6 +152,8 @@ export interface PortalAddress {
   /** The portal IP; for node ports, empty: "every node address the portal allows". */
   ip: string;
   port: number;
+  /** A load-balancer portal's `spec.loadBalancerSourceRanges`: served only from these sources. */
+  sourceRanges?: string[];
 }
 
 /** A problem with one object's field: reported as one line, the object skipped or kept at its last good version. */

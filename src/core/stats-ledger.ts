@@ -30,7 +30,7 @@ export class Totals extends ServicePortStats {
     this.noEndpointRejects = this.dialExhausted = 0;
     this.udpSessionsActive = this.udpSessionsCreated = this.udpSessionsReclaimed = this.udpDatagrams = 0;
     this.udpDatagramsDropped = this.udpReceiveBufferDrops = 0;
-    this.outlierEjections = this.held = this.heldTotal = this.holdExpired = 0;
+    this.outlierEjections = this.sourceRejects = this.held = this.heldTotal = this.holdExpired = 0;
     this.dialLatencyCounts.fill(0);
     this.dialLatencySum = this.dialLatencyCount = 0;
     return this;
@@ -52,6 +52,7 @@ export class Totals extends ServicePortStats {
     this.udpDatagramsDropped += s.udpDatagramsDropped;
     this.udpReceiveBufferDrops += s.udpReceiveBufferDrops;
     this.outlierEjections += s.outlierEjections;
+    this.sourceRejects += s.sourceRejects;
     this.held += s.held;
     this.heldTotal += s.heldTotal;
     this.holdExpired += s.holdExpired;

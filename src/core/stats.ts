@@ -45,6 +45,8 @@ export class ServicePortStats {
   udpReceiveBufferDrops = 0;
   /** Endpoints set aside by passive health (outlier ejections). */
   outlierEjections = 0;
+  /** TCP connections reset, and UDP datagrams dropped, from outside a load balancer's source ranges. */
+  sourceRejects = 0;
   /** TCP connections held, or UDP datagrams queued, for want of endpoints now (hold-when-empty). */
   held = 0;
   /** TCP connections and UDP datagrams ever held for want of endpoints. */

@@ -91,6 +91,7 @@ type ServiceLevel = Pick<
   | 'clusterIPs'
   | 'externalIPs'
   | 'loadBalancerIPs'
+  | 'loadBalancerSourceRanges'
   | 'affinity'
   | 'internalTrafficPolicy'
   | 'externalTrafficPolicy'
@@ -114,6 +115,9 @@ function serviceLevelFields(svc: V1Service): ServiceLevel {
     healthCheckNodePort: spec.type === 'LoadBalancer' && externalPolicy === 'Local' ? (spec.healthCheckNodePort ?? 0) : 0,
   };
   if (spec.trafficDistribution) fields.trafficDistribution = spec.trafficDistribution;
+  // Blanks around a range are forgiven, as kube-proxy trims them (validate.ts checks the rest).
+  const ranges = (spec.loadBalancerSourceRanges ?? []).map((r) => r.trim()).filter((r) => r !== '');
+  if (ranges.length > 0) fields.loadBalancerSourceRanges = ranges;
   return fields;
 }
 

@@ -44,7 +44,8 @@ export function clusterPortals(sp: ServicePort): PortalAddress[] {
 export function externalPortals(sp: ServicePort): PortalAddress[] {
   const out: PortalAddress[] = [];
   for (const ip of sp.externalIPs) out.push({ kind: 'externalIP', ip, port: sp.port });
-  for (const ip of sp.loadBalancerIPs) out.push({ kind: 'loadBalancer', ip, port: sp.port });
+  const ranges = sp.loadBalancerSourceRanges;
+  for (const ip of sp.loadBalancerIPs) out.push(ranges === undefined ? { kind: 'loadBalancer', ip, port: sp.port } : { kind: 'loadBalancer', ip, port: sp.port, sourceRanges: ranges });
   if (sp.nodePort > 0) out.push({ kind: 'nodePort', ip: '', port: sp.nodePort });
   return out;
 }
@@ -70,7 +71,8 @@ export function planUnits(sp: ServicePort, sets: EndpointSets): ProxyUnit[] {
 }
 
 export function portalKey(p: PortalAddress): string {
-  return `${p.kind}|${p.ip}|${p.port}`;
+  // Source ranges are part of what the portal programs: a change re-renders its rules.
+  return p.sourceRanges === undefined ? `${p.kind}|${p.ip}|${p.port}` : `${p.kind}|${p.ip}|${p.port}|${p.sourceRanges.join(',')}`;
 }
 
 /** Whether two units need different sockets (protocol or portals changed): then the listener is recreated. */

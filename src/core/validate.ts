@@ -1,6 +1,6 @@
 import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
 import type { ObjectProblem } from './model.js';
-import { ipFamily, isIP } from './address.js';
+import { ipFamily, isIP, parseCidr } from './address.js';
 
 /**
  * Checks what the proxy relies on, no more: objects come from an API server (already validated
@@ -125,6 +125,7 @@ function checkServiceSpec(r: Report, spec: Record<string, unknown>): void {
   checkOneOf(r, 'spec.type', spec.type, SERVICE_TYPES);
   checkClusterIPs(r, spec);
   checkIPList(r, 'spec.externalIPs', spec.externalIPs);
+  checkCidrList(r, 'spec.loadBalancerSourceRanges', spec.loadBalancerSourceRanges);
   checkServicePorts(r, spec.ports);
   checkOneOf(r, 'spec.sessionAffinity', spec.sessionAffinity, AFFINITIES);
   checkAffinityTimeout(r, spec.sessionAffinityConfig);
@@ -370,6 +371,19 @@ interface EntryFault {
   value: unknown;
   is: string;
   are: string;
+}
+
+function checkCidrList(r: Report, at: string, v: unknown): void {
+  if (v === undefined || v === null) return;
+  if (!Array.isArray(v)) {
+    r.fail(at, 'must be a list');
+    return;
+  }
+  checkEntries(r, at, v, notACidr);
+}
+
+function notACidr(v: unknown): EntryFault | undefined {
+  return typeof v === 'string' && parseCidr(v) !== undefined ? undefined : { value: v, is: 'is not a CIDR (e.g. 203.0.113.0/24)', are: 'are not CIDRs' };
 }
 
 function notAnIP(v: unknown): EntryFault | undefined {

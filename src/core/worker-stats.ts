@@ -25,7 +25,7 @@ export type FlatStats = number[];
 const SCALARS = [
   'accepted', 'active', 'bytesToEndpoint', 'bytesToClient', 'dialAttempts', 'noEndpointRejects', 'dialExhausted',
   'udpSessionsActive', 'udpSessionsCreated', 'udpSessionsReclaimed', 'udpDatagrams', 'udpDatagramsDropped',
-  'udpReceiveBufferDrops', 'outlierEjections', 'held', 'heldTotal', 'holdExpired', 'dialLatencySum', 'dialLatencyCount',
+  'udpReceiveBufferDrops', 'outlierEjections', 'sourceRejects', 'held', 'heldTotal', 'holdExpired', 'dialLatencySum', 'dialLatencyCount',
 ] as const satisfies ReadonlyArray<keyof ServicePortStats>;
 
 export const FIELD_COUNT = SCALARS.length + DIAL_FAILURE_REASONS.length + DIAL_LATENCY_BUCKETS.length + 1;
@@ -106,7 +106,7 @@ function counterSum(s: ServicePortStats): number {
   const f = s.dialFailures;
   return s.accepted + s.bytesToEndpoint + s.bytesToClient + s.dialAttempts + f.refused + f.timeout + f.unreachable + f.other
     + s.noEndpointRejects + s.dialExhausted + s.udpSessionsCreated + s.udpSessionsReclaimed + s.udpDatagrams
-    + s.udpDatagramsDropped + s.udpReceiveBufferDrops + s.outlierEjections + s.heldTotal + s.holdExpired + s.dialLatencyCount;
+    + s.udpDatagramsDropped + s.udpReceiveBufferDrops + s.outlierEjections + s.sourceRejects + s.heldTotal + s.holdExpired + s.dialLatencyCount;
 }
 
 const zeros = (): FlatStats => new Array<number>(FIELD_COUNT).fill(0);

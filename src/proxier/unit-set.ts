@@ -321,7 +321,8 @@ export class LocalUnitSet implements UnitSet, AffinityShare, TcpHandOffs {
           ? await this.bindProxyPort(ru, spec.host)
           : await ru.socket.listen({ host: spec.host || this.opts.bindAddress, port: ru.proxyPort, nat: true });
       } else {
-        l.bound = await ru.socket.listen({ host: spec.host, port: spec.port });
+        const sources = sourcesOf(spec);
+        l.bound = await ru.socket.listen(sources === undefined ? { host: spec.host, port: spec.port } : { host: spec.host, port: spec.port, sources });
       }
       this.bound++;
       if (l.error !== undefined) this.failing--;
@@ -461,6 +462,15 @@ function setAside(load: readonly EndpointLoad[]): UnitStatus['setAside'] {
   const now = Date.now();
   for (const l of load) if (l.setAsideMs > 0) out.push({ endpoint: l.addr, until: new Date(now + l.setAsideMs).toISOString() });
   return out;
+}
+
+/**
+ * The clients a listener on the portal's own address may serve: a load balancer's source ranges,
+ * when every portal it serves has them (an address that is also another kind of portal serves all).
+ */
+function sourcesOf(spec: ListenSpec): string[] | undefined {
+  if (spec.portals.length === 0 || spec.portals.some((p) => p.sourceRanges === undefined)) return undefined;
+  return [...new Set(spec.portals.flatMap((p) => p.sourceRanges ?? []))];
 }
 
 function listenErrorMessage(err: unknown, spec: ListenSpec): string {

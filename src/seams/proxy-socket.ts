@@ -11,6 +11,11 @@ export interface ListenAddress {
    * portal, not to this address. Absent: they connected to this very address.
    */
   nat?: boolean;
+  /**
+   * Clients only from these CIDRs (a load balancer's spec.loadBalancerSourceRanges, where the
+   * portal's address is this very one: bind mode); others are refused. Absent: any client.
+   */
+  sources?: readonly string[];
 }
 
 export interface CloseOptions {

@@ -1,4 +1,4 @@
-import { hostPort, ipFamily, ipToBigInt, type IPFamily } from '../address.js';
+import { cidrText, hostPort, ipFamily, ipToBigInt, parseCidr, type IPFamily } from '../address.js';
 import type { PortalAddress, Protocol } from '../model.js';
 import type { ProxyUnit } from '../units.js';
 import type { AddressEntry, PortEntry } from './dispatch-tree.js';
@@ -98,8 +98,26 @@ function portalRules(ctx: UnitRulesContext, unit: ProxyUnit, portal: PortalAddre
   // ClusterIPs, externalIPs and load-balancer IPs alike: from pods, from other hosts and from
   // the node itself. (The legacy mode skipped bridged pod traffic to a non-local externalIP;
   // today's kube-proxy serves it, and so do we.)
-  const match = `-d ${portal.ip}/${family === 4 ? 32 : 128} ${matchPrefix} ${portal.port}`;
   const byte = lastByte(portal.ip, family);
-  out.portalsContainer.push({ lastByte: byte, spec: `${match} -j ${containerTarget}` });
-  if (hostTarget !== undefined) out.portalsHost.push({ lastByte: byte, spec: `${match} -j ${hostTarget}` });
+  for (const source of sourceMatches(portal.sourceRanges, family)) {
+    const match = `${source}-d ${portal.ip}/${family === 4 ? 32 : 128} ${matchPrefix} ${portal.port}`;
+    out.portalsContainer.push({ lastByte: byte, spec: `${match} -j ${containerTarget}` });
+    if (hostTarget !== undefined) out.portalsHost.push({ lastByte: byte, spec: `${match} -j ${hostTarget}` });
+  }
+}
+
+/**
+ * The `-s` matches of a portal: one rule per source range of this family (a load balancer's
+ * spec.loadBalancerSourceRanges), none of that family: no rule, and the portal's traffic from
+ * elsewhere is not redirected (kube-proxy drops it; unredirected, nothing serves it here).
+ * Written as iptables-save writes them back (cidrText; a /0 has no -s).
+ */
+function sourceMatches(ranges: readonly string[] | undefined, family: IPFamily): string[] {
+  if (ranges === undefined) return [''];
+  const out = new Set<string>();
+  for (const text of ranges) {
+    const cidr = parseCidr(text);
+    if (cidr?.family === family) out.add(cidr.prefix === 0 ? '' : `-s ${cidrText(cidr)} `);
+  }
+  return [...out];
 }

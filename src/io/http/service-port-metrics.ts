@@ -56,6 +56,7 @@ export const SERVICE_PORT_FAMILIES: readonly Family[] = [
     only: 'UDP',
     samples: one((t) => t.udpDatagramsDropped),
   },
+  { name: 'kube_userspace_proxy_source_rejects_total', help: 'TCP connections reset and UDP datagrams dropped because their source is outside the load balancer\'s spec.loadBalancerSourceRanges (bind portal; the iptables portal does not redirect them)', type: 'counter', samples: one((t) => t.sourceRejects) },
   { name: 'kube_userspace_proxy_outlier_ejections_total', help: 'Endpoints set aside by passive health after consecutive failed dials (--outlier-*)', type: 'counter', samples: one((t) => t.outlierEjections) },
   {
     name: 'kube_userspace_proxy_held',

@@ -6,7 +6,7 @@ import type { Dialer } from '../../seams/dialer.js';
 import { DEFAULT_TCP_KEEPALIVE_MS, keepAliveDelayMs } from './direct-dialer.js';
 import { isOutOfDescriptors } from './errno.js';
 import { listenBacklog } from './listen-backlog.js';
-import { hostPort } from '../../core/address.js';
+import { hostPort, sourceFilter } from '../../core/address.js';
 import type { BoundAddress, ListenAddress, ProxySocket } from '../../seams/proxy-socket.js';
 import type { TcpHandOff } from '../../seams/tcp-hand-off.js';
 import { systemClock } from '../../core/clock.js';
@@ -155,7 +155,16 @@ export class TcpProxySocket implements ProxySocket, TcpHandOff, TcpConnectionCon
     // in the kernel during the dial instead of piling up in memory.
     const server = createServer({ allowHalfOpen: true, pauseOnConnect: true, noDelay: true });
     const to: ListenerDestination = { host: undefined, port: 0 };
-    server.on('connection', (client) => this.accept(client, to));
+    if (addr.sources === undefined) {
+      server.on('connection', (client) => this.accept(client, to));
+    } else {
+      // A load balancer's source ranges: others are reset at once, as kube-proxy drops them.
+      const allowed = sourceFilter(addr.sources);
+      server.on('connection', (client) => {
+        if (allowed(client.remoteAddress ?? '')) this.accept(client, to);
+        else this.refuseSource(client);
+      });
+    }
     return new Promise((resolve, reject) => {
       server.once('error', reject);
       // Registered here, not passed as listen()'s callback: listen() looks for a backlog among its
@@ -272,6 +281,14 @@ export class TcpProxySocket implements ProxySocket, TcpHandOff, TcpConnectionCon
     // The front's client: where it connected is the front, not a Service address of ours.
     this.accept(client, UNKNOWN_DESTINATION, written);
     return true;
+  }
+
+  /** A client outside the load balancer's source ranges: reset before anything is read, counted. */
+  private refuseSource(client: Socket): void {
+    this.stats.sourceRejects++;
+    if (this.debugEnabled()) this.serviceLog.debug({ client: client.remoteAddress }, 'client outside loadBalancerSourceRanges: reset');
+    client.on('error', () => undefined);
+    client.resetAndDestroy();
   }
 
   private accept(client: Socket, to: ListenerDestination, written = 0): void {

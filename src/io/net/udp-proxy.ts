@@ -6,7 +6,7 @@ import { ServicePortStats } from '../../core/stats.js';
 import { errnoCode } from '../../core/errors.js';
 import type { Logger } from '../../seams/logger.js';
 import { isOutOfDescriptors } from './errno.js';
-import { hostPort } from '../../core/address.js';
+import { hostPort, sourceFilter } from '../../core/address.js';
 import type { BoundAddress, CloseOptions, ListenAddress, ProxySocket } from '../../seams/proxy-socket.js';
 import { systemClock } from '../../core/clock.js';
 import { RateLimiter } from '../../core/rate-limiter.js';
@@ -142,7 +142,7 @@ export class UdpProxySocket implements ProxySocket {
         socket.off('error', onBindError);
         const info = socket.address();
         const bound = { host: info.address, port: info.port };
-        const listener: UdpListener = { socket, bound, sessions: new Map(), refused: new Set() };
+        const listener: UdpListener = { socket, bound, sessions: new Map(), refused: new Set(), ...(addr.sources === undefined ? {} : { allowed: sourceFilter(addr.sources) }) };
         socket.on('message', (msg, rinfo) => this.onClientDatagram(listener, msg, rinfo));
         socket.on('error', (err) => this.onListenerError(bound, err));
         this.receiveBuffers.watch(socket, bound, this.stats);
@@ -324,6 +324,10 @@ export class UdpProxySocket implements ProxySocket {
     // end the process.
     if (rinfo.port === 0) {
       this.stats.udpDatagramsDropped++;
+      return;
+    }
+    if (listener.allowed !== undefined && !listener.allowed(rinfo.address)) {
+      this.stats.sourceRejects++;
       return;
     }
     this.forward(listener, msg, rinfo.address, rinfo.port);

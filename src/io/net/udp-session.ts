@@ -14,6 +14,8 @@ export interface UdpListener {
    * (oldest first out), as a client that never comes back would otherwise stay forever.
    */
   readonly refused: Set<string>;
+  /** A load balancer's source ranges (bind mode): datagrams from elsewhere are dropped. Absent: any. */
+  readonly allowed?: (ip: string) => boolean;
   /**
    * Set once it hands over (udp-hand-over.ts): its sessions reply through sockets of their own,
    * and its own socket is connected away until its queue is read, then closed.
