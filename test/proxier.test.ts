@@ -210,6 +210,16 @@ describe('shutdown', () => {
 });
 
 describe('pause (a successor abandoning a hand-over)', () => {
+  it('interrupts the unit set first, so a sync waiting inside it cannot hold the stop up', async () => {
+    const { proxier, units } = makeProxier(parts());
+    const calls: string[] = [];
+    (units as { interrupt?: () => void }).interrupt = () => calls.push('interrupt');
+    await proxier.setSynced();
+    await proxier.pause();
+    expect(calls).toEqual(['interrupt']);
+    await proxier.shutdown(0);
+  });
+
   it('no change reaches the portal or the sockets after it; what runs keeps serving', async () => {
     const { proxier, portal } = setup();
     proxier.cache.upsertService(web('1'));

@@ -120,6 +120,20 @@ describe('WorkerPool', () => {
     for (const i of [0, 1]) expect(launcher.current(i).units.views().find((v) => v.unit.id === 'default/api:http')?.proxyPort).toBe(apiPort);
   });
 
+  it('an apply waiting for a serving worker (every one down) ends at once when interrupted: a stop is not held up', async () => {
+    const launcher = new InProcessLauncher({ seed: SEED });
+    // Replacements are a minute away: the apply below would wait out its 20 s for one.
+    const pool = await startPool(launcher, 2, { stableMs: Number.MAX_SAFE_INTEGER, restartBackoff: { initialMs: 60_000, maxMs: 60_000 }, startTimeoutMs: 20_000 });
+    const [a] = await backends('a');
+    launcher.current(0).crash();
+    launcher.current(1).crash();
+    await waitFor(() => pool.figures().every((f) => f.state === 'down'), 'both workers to be down');
+    const applying = pool.apply(batch({ open: [{ unit: unit('default/web:http', [a as Endpoint]), listen: PROXY_PORT_SPEC }] }));
+    const outcome = applying.then(() => 'applied', (err: Error) => err.message);
+    setImmediate(() => pool.interrupt());
+    expect(await withDeadline(outcome, 2000, 'the apply to end')).toMatch(/^stopping: no worker process serves/);
+  });
+
   it("a unit whose proxy port the first worker could not bind gets one after that worker's replacement", async () => {
     // The range's one port is held by a socket without SO_REUSEPORT: no worker can bind it.
     const blocker = createServer();

@@ -208,6 +208,8 @@ export class Proxier implements ProxierEvents {
   async pause(): Promise<void> {
     this.stopping = true;
     this.runner.stop();
+    // A sync waiting for workers (every one down, restarting) would hold this up to 30 s.
+    this.units.interrupt?.();
     await this.current;
     await this.exclusive;
   }
@@ -243,6 +245,8 @@ export class Proxier implements ProxierEvents {
         this.retryInMs = undefined;
       },
       (err: unknown) => {
+        // Interrupted by pause(): nothing is to sync any more.
+        if (this.stopping) return;
         // A bug, not input: keep its stack, keep serving what runs, and try again soon (the
         // changes it took were handed back to the cache), backing off while it keeps failing.
         const delay = this.retry.next();

@@ -135,6 +135,11 @@ export interface UnitSet {
    * what remains. `handOver`: a successor serves the same addresses (ProxySocket.close).
    */
   shutdown(graceMs: number, opts?: ShutdownOptions): Promise<{ cut: number }>;
+  /**
+   * No sync is to complete from now on (the proxier stops for good): a wait inside apply() ends at
+   * once, failing that apply (the worker pool's, for a worker that serves, while every one is down).
+   */
+  interrupt?(): void;
 }
 
 export interface ShutdownOptions extends CloseOptions {

@@ -123,6 +123,8 @@ export class WorkerPool implements UnitSet {
   private stopping = false;
   private launching: { resolve: () => void; reject: (err: unknown) => void } | undefined;
   private readyWaiters: Array<() => void> = [];
+  /** interrupt() was called: no apply waits for a serving worker any more. */
+  private interrupted = false;
   private reportTimer: NodeJS.Timeout | undefined;
   /** The collection under way, of each kind (with the kernel's counters read first, or not): callers share it. */
   private readonly collecting = new Map<boolean, Promise<void>>();
@@ -276,6 +278,12 @@ export class WorkerPool implements UnitSet {
   start(): void {
     this.started = true;
     for (const slot of this.slots) if (slot.state === 'ready' || slot.state === 'catching-up') slot.handle?.send({ t: 'start' });
+  }
+
+  /** UnitSet.interrupt: an apply waiting for a worker that serves (every one down) fails at once. */
+  interrupt(): void {
+    this.interrupted = true;
+    for (const wake of this.readyWaiters.splice(0)) wake();
   }
 
   /** Every worker stops accepting and drains for up to `graceMs`; a worker that does not answer in time is killed. */
@@ -539,6 +547,7 @@ export class WorkerPool implements UnitSet {
       const slot = this.slots.find((s) => s.state === 'ready');
       if (slot !== undefined) return slot;
       const left = deadline - this.opts.clock.now();
+      if (this.interrupted) throw new ProxyError('INTERNAL', 'stopping: no worker process serves, and none is waited for any more');
       if (left <= 0 || this.stopping) throw new ProxyError('INTERNAL', `no worker process has served for ${ms} ms (see the workers' log)`);
       await new Promise<void>((resolve) => {
         const timer = setTimeout(resolve, left);
