@@ -174,8 +174,9 @@ function checkServicePorts(r: Report, ports: unknown): void {
   // on one port number and protocol (or node port and protocol) would need one socket twice: the
   // API server refuses both, so does the proxy, naming the second.
   const seen = new Set<string>();
-  const portsSeen = new Set<string>();
-  const nodePortsSeen = new Set<string>();
+  // Most Services have one port: no tables of numbers for them (validation runs on every object).
+  const portsSeen = ports.length > 1 ? new Set<string>() : undefined;
+  const nodePortsSeen = ports.length > 1 ? new Set<string>() : undefined;
   ports.forEach((p: unknown, i) => {
     const at = `spec.ports[${i}]`;
     if (!isRecord(p)) {
@@ -191,6 +192,7 @@ function checkServicePorts(r: Report, ports: unknown): void {
     if (p.nodePort !== undefined && p.nodePort !== 0) checkPort(r, `${at}.nodePort`, p.nodePort);
     checkTargetPort(r, `${at}.targetPort`, p.targetPort);
     checkOneOf(r, `${at}.protocol`, p.protocol, PROTOCOLS);
+    if (portsSeen === undefined || nodePortsSeen === undefined) return;
     const protocol = typeof p.protocol === 'string' && p.protocol !== '' ? p.protocol : 'TCP';
     checkUnique(r, portsSeen, `${at}.port`, p.port, protocol);
     if (p.nodePort !== 0) checkUnique(r, nodePortsSeen, `${at}.nodePort`, p.nodePort, protocol);
