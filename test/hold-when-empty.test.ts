@@ -141,6 +141,21 @@ describe('hold-when-empty (TCP)', () => {
     expect((await withDeadline(got.ended, 5000, 'the echo and its FIN')).toString()).toBe('sent while held, then a half-close');
   });
 
+  it('passes on the FIN of a held client that sent nothing, when an endpoint comes', async () => {
+    const echo = await tcpBackend();
+    cleanups.push(() => echo.close());
+    const p = await tcpProxy(30_000);
+    const { socket, got } = await connectTo(p.port);
+    cleanups.push(() => socket.destroy());
+    await waitUntil(() => p.proxy.stats.held === 1, 'the connection to be held');
+    socket.end();
+    // Not a wait for readiness: the endpoint must come after the proxy read the FIN for this to
+    // test anything (the FIN then waits with no bytes); should it come first, it passes all the same.
+    await new Promise((r) => setTimeout(r, 100));
+    p.setEndpoints([toEndpoint({ ip: LO, port: echo.port })]);
+    expect((await withDeadline(got.ended, 5000, 'the echo\'s FIN')).toString()).toBe('');
+  });
+
   it('resets at once without the annotation, as always', async () => {
     const p = await tcpProxy(0);
     expect((await clientOutcome(p.port)).code).toBe('ECONNRESET');

@@ -513,8 +513,10 @@ export class TcpConnection {
 
   private onClientEnd(): void {
     this.clientFinPassed = true;
-    // Between an early failure and the next hand-over, the FIN waits with the replay.
+    // Held, or between an early failure and the next hand-over: the FIN waits with the replay,
+    // which must exist for the hand-over to pass it on, bytes or none.
     if (this.upstream !== undefined) passEnd(this.upstream);
+    else this.replay ??= [];
   }
 
   private onEndpointEnd(): void {
