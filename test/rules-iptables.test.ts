@@ -71,10 +71,14 @@ const cases: Array<{ name: string; family: IPFamily; ports: ServicePort[]; over?
   { name: 'loadbalancer', family: 4, ports: [sp({ key: 'default/web:https', port: 443, nodePort: 30443, loadBalancerIPs: ['198.51.100.7'] })] },
   {
     // Served from the ranges only, written as iptables-save writes them back (host bits cleared);
-    // the IPv6 range has no IPv4 rule, the ClusterIP and node port take no ranges.
+    // the IPv6 range has no IPv4 rule, the ClusterIP and node port take no ranges. The second load
+    // balancer has ranges of the other family only: as with kube-proxy, every source.
     name: 'loadbalancer-source-ranges',
     family: 4,
-    ports: [sp({ key: 'default/web:https', port: 443, nodePort: 30443, loadBalancerIPs: ['198.51.100.7'], loadBalancerSourceRanges: ['203.0.113.5/24', '192.0.2.7/32', '2001:db8::/32'] })],
+    ports: [
+      sp({ key: 'default/web:https', port: 443, nodePort: 30443, loadBalancerIPs: ['198.51.100.7'], loadBalancerSourceRanges: ['203.0.113.5/24', '192.0.2.7/32', '2001:db8::/32'] }),
+      sp({ key: 'default/api:https', port: 443, clusterIPs: ['10.96.0.11'], loadBalancerIPs: ['198.51.100.8'], loadBalancerSourceRanges: ['2001:db8::/32'] }),
+    ],
   },
   {
     name: 'loadbalancer-source-ranges-ipv6',

@@ -108,8 +108,12 @@ describe('load-balancer source ranges on the portal\'s own address', () => {
     const extPort = await freePort('127.0.77.2');
     const lbPortal = { kind: 'loadBalancer' as const, ip: LISTEN, port, sourceRanges: RANGES };
     const extPortal = { kind: 'externalIP' as const, ip: '127.0.77.2', port: extPort };
-    const unit: ProxyUnit = { id: 'default/web:https', servicePort: 'default/web:https', service: 'default/web', protocol: 'TCP', scope: 'all', portals: [lbPortal, extPortal], endpoints: [toEndpoint({ ip: '127.0.0.1', port: echo.port })], affinity: { type: 'None', timeoutSeconds: 0 } };
-    await units.apply({ close: [], recreate: [], update: [], open: [{ unit, listen: [{ host: LISTEN, port, portals: [lbPortal] }, { host: '127.0.77.2', port: extPort, portals: [extPortal] }] }] });
+    // Ranges of the other family only: as with kube-proxy, every source.
+    const v6Port = await freePort('127.0.77.3');
+    const v6OnlyPortal = { kind: 'loadBalancer' as const, ip: '127.0.77.3', port: v6Port, sourceRanges: ['fd00:77::/64'] };
+    const unit: ProxyUnit = { id: 'default/web:https', servicePort: 'default/web:https', service: 'default/web', protocol: 'TCP', scope: 'all', portals: [lbPortal, extPortal, v6OnlyPortal], endpoints: [toEndpoint({ ip: '127.0.0.1', port: echo.port })], affinity: { type: 'None', timeoutSeconds: 0 } };
+    await units.apply({ close: [], recreate: [], update: [], open: [{ unit, listen: [{ host: LISTEN, port, portals: [lbPortal] }, { host: '127.0.77.2', port: extPort, portals: [extPortal] }, { host: '127.0.77.3', port: v6Port, portals: [v6OnlyPortal] }] }] });
+    expect(await tcpFrom(OUTSIDE, v6Port, '127.0.77.3')).toBe('echo');
     expect(await tcpFrom(INSIDE, port)).toBe('echo');
     expect(await tcpFrom(OUTSIDE, port)).toBe('ECONNRESET');
     // The other portal's address serves everyone: the ranges are the load balancer's only.

@@ -1,6 +1,6 @@
 import type { LoadBalancer, BalancerFactory, BalancerDeps, EndpointLoad } from '../core/balancer/load-balancer.js';
 import type { Clock, RandomSource } from '../core/clock.js';
-import { hostPort } from '../core/address.js';
+import { hostPort, ipFamily, parseCidr } from '../core/address.js';
 import { formatDuration } from '../core/duration.js';
 import { ProxyError, errnoCode } from '../core/errors.js';
 import type { Endpoint } from '../core/model.js';
@@ -465,12 +465,15 @@ function setAside(load: readonly EndpointLoad[]): UnitStatus['setAside'] {
 }
 
 /**
- * The clients a listener on the portal's own address may serve: a load balancer's source ranges,
- * when every portal it serves has them (an address that is also another kind of portal serves all).
+ * The clients a listener on the portal's own address may serve: a load balancer's source ranges of
+ * the address's family, when every portal it serves has them (an address that is also another kind
+ * of portal serves all; as kube-proxy, a portal with no range of its family takes every source).
  */
 function sourcesOf(spec: ListenSpec): string[] | undefined {
   if (spec.portals.length === 0 || spec.portals.some((p) => p.sourceRanges === undefined)) return undefined;
-  return [...new Set(spec.portals.flatMap((p) => p.sourceRanges ?? []))];
+  const family = ipFamily(spec.host);
+  const ranges = spec.portals.flatMap((p) => p.sourceRanges ?? []).filter((r) => parseCidr(r)?.family === family);
+  return ranges.length === 0 ? undefined : [...new Set(ranges)];
 }
 
 function listenErrorMessage(err: unknown, spec: ListenSpec): string {

@@ -108,16 +108,13 @@ function portalRules(ctx: UnitRulesContext, unit: ProxyUnit, portal: PortalAddre
 
 /**
  * The `-s` matches of a portal: one rule per source range of this family (a load balancer's
- * spec.loadBalancerSourceRanges), none of that family: no rule, and the portal's traffic from
- * elsewhere is not redirected (kube-proxy drops it; unredirected, nothing serves it here).
- * Written as iptables-save writes them back (cidrText; a /0 has no -s).
+ * spec.loadBalancerSourceRanges); the portal's traffic from elsewhere is not redirected (kube-proxy
+ * drops it; unredirected, nothing serves it here). As kube-proxy, only the ranges of the portal's
+ * family count: with none of it, the portal takes every source. Written as iptables-save writes
+ * them back (cidrText; a /0 has no -s).
  */
 function sourceMatches(ranges: readonly string[] | undefined, family: IPFamily): string[] {
-  if (ranges === undefined) return [''];
-  const out = new Set<string>();
-  for (const text of ranges) {
-    const cidr = parseCidr(text);
-    if (cidr?.family === family) out.add(cidr.prefix === 0 ? '' : `-s ${cidrText(cidr)} `);
-  }
-  return [...out];
+  const cidrs = (ranges ?? []).map(parseCidr).filter((c) => c?.family === family);
+  if (cidrs.length === 0) return [''];
+  return [...new Set(cidrs.map((c) => (c!.prefix === 0 ? '' : `-s ${cidrText(c!)} `)))];
 }
