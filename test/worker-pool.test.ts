@@ -301,6 +301,24 @@ describe('WorkerPool', () => {
     expect((await withDeadline(stopping, 5000, 'the shutdown')).cut).toBe(10);
   });
 
+  it('kills a worker that does not answer soon after the grace period is ended early, not at the end of the grace period', async () => {
+    const inner = new InProcessLauncher({ seed: SEED });
+    // Worker 0 is wedged once the shutdown begins: it reads nothing more from its channel.
+    const launcher: WorkerLauncher = {
+      launch(index) {
+        const h = inner.launch(index);
+        return { pid: h.pid, onMessage: (l) => h.onMessage(l), onExit: (l) => h.onExit(l), kill: (sig) => h.kill(sig), send: (m) => (index === 0 && (m.t === 'shutdown' || m.t === 'endGrace') ? undefined : h.send(m)) };
+      },
+    };
+    const pool = await startPool(launcher);
+    const endGrace = new AbortController();
+    const stopping = pool.shutdown(60_000, { endGrace: endGrace.signal });
+    setImmediate(() => endGrace.abort());
+    // Within the margin after the second signal (5 s), not the minute's grace and its margin.
+    await withDeadline(stopping, 15_000, 'the shutdown to end');
+    expect(inner.launched.filter((w) => w.index === 0).every((w) => w.dead)).toBe(true);
+  });
+
   it('counts as cut the connections of a worker that dies while draining', async () => {
     // Worker 0 dies as soon as it has begun to drain, before it can answer.
     const launcher: InProcessLauncher = new InProcessLauncher({

@@ -292,18 +292,34 @@ export class WorkerPool implements UnitSet {
     clearInterval(this.reportTimer);
     for (const slot of this.slots) clearTimeout(slot.restartTimer);
     const live = this.slots.filter((s) => s.handle !== undefined);
-    // The grace period ended early: each worker cuts what it still has and answers at once.
+    const asks = new Map<Slot, number>();
+    let hurry: NodeJS.Timeout | undefined;
+    // The grace period ended early: each worker cuts what it still has and answers at once; one
+    // that has not answered within the margin is wedged, and killed now rather than at the end of
+    // the grace period it was given.
     const endGrace = (): void => {
       for (const slot of live) slot.handle?.send({ t: 'endGrace' });
+      hurry = setTimeout(() => {
+        for (const [slot, id] of asks) {
+          const answer = slot.pending.get(id);
+          slot.pending.delete(id);
+          answer?.(undefined);
+        }
+      }, SHUTDOWN_MARGIN_MS);
     };
     // What each had open, as last reported: a worker that dies while draining is retired (and its
     // figures cleared) before its reply is missed.
     const openBefore = new Map(live.map((slot) => [slot, this.nodeStats.slot(slot.index).active]));
-    const asked = Promise.all(live.map(async (slot) => ({ slot, reply: await this.request(slot, (id) => ({ t: 'shutdown', id, graceMs, ack: slot.acked, ...(opts?.handOver === true ? { handOver: true } : {}) }), graceMs + SHUTDOWN_MARGIN_MS) })));
+    const ask = (slot: Slot) => (id: number): ToWorker => {
+      asks.set(slot, id);
+      return { t: 'shutdown', id, graceMs, ack: slot.acked, ...(opts?.handOver === true ? { handOver: true } : {}) };
+    };
+    const asked = Promise.all(live.map(async (slot) => ({ slot, reply: await this.request(slot, ask(slot), graceMs + SHUTDOWN_MARGIN_MS) })));
     if (opts?.endGrace?.aborted === true) endGrace();
     else opts?.endGrace?.addEventListener('abort', endGrace, { once: true });
     const replies = await asked;
     opts?.endGrace?.removeEventListener('abort', endGrace);
+    clearTimeout(hurry);
     let cut = 0;
     for (const { slot, reply } of replies) {
       if (reply?.t === 'shutdown') {
