@@ -177,7 +177,8 @@ just a string
     const two = JSON.stringify({ apiVersion: 'v1', kind: 'List', items: [{ apiVersion: 'v1', kind: 'Service', metadata: { name: 'b' }, spec: { clusterIP: '10.96.0.2', ports: [{ port: 80 }] } }] });
     expect(parseManifest(`${one}\n${two}\n${one.replace('"a"', '"c"')}`, 'appended.json').services.map((s) => s.metadata?.name)).toEqual(['a', 'b', 'c']);
     // A fault in a later value is still a JSON error, and flow-style YAML is not JSON (kubectl refuses it too).
-    expect(catchError(() => parseManifest(`${one}\n{"kind": }`, 'bad.json')).message).toMatch(/^bad\.json:\d+:\d+: invalid JSON: /);
+    // The fault is named where it is, in the value that has it.
+    expect(catchError(() => parseManifest('{"kind":"List","items":[]}\n{"kind": "List", "items": [,]}\n', 'bad.json')).message).toMatch(/^bad\.json:2:28: invalid JSON: Unexpected token ','; the line reads/);
     expect(catchError(() => parseManifest('{apiVersion: v1, kind: Service}', 'flow.yaml')).message).toMatch(/^flow\.yaml:1:2: invalid JSON: /);
   });
 

@@ -108,11 +108,12 @@ export function parseDocuments(raw: string, file: string): unknown[] {
     try {
       return [JSON.parse(text)];
     } catch (err) {
-      const message = (err as Error).message;
       // As kubectl reads it (YAMLOrJSONDecoder): text that starts like JSON is JSON, one value or
       // several one after another; never flow-style YAML.
-      const docs = jsonStream(text, message);
-      if (docs !== undefined) return docs;
+      const stream = jsonStream(text, (err as Error).message);
+      if (Array.isArray(stream)) return stream;
+      // The fault of the value that failed, placed in the whole text.
+      const message = stream;
       const { line, column, known } = jsonErrorPosition(text, message);
       // V8 quotes the text around the fault ("..."): drop that; keep the log to one line.
       const reason = message.replace(V8_CONTEXT, '').replace(/\s+/g, ' ');
@@ -136,25 +137,30 @@ export function parseDocuments(raw: string, file: string): unknown[] {
 
 /**
  * JSON values one after another (`kubectl get -o json >> file`, twice): each a document, as a
- * YAML stream's are. `firstError` is JSON.parse's message for the whole text; undefined unless it
- * stopped after a complete value, and unless every value parses.
+ * YAML stream's are. `firstError` is JSON.parse's message for the whole text. Returns the values,
+ * or the message of the first one that does not parse, its position counted from the text's start
+ * (V8's line and column, counted from the value's, are dropped: the caller finds them again).
  */
-function jsonStream(text: string, firstError: string): unknown[] | undefined {
+function jsonStream(text: string, firstError: string): unknown[] | string {
   const docs: unknown[] = [];
-  let rest = text;
+  let consumed = 0;
   let error = firstError;
   for (;;) {
     const after = AFTER_JSON.exec(error);
-    if (after === null) return undefined;
-    const end = Number(after[1]);
-    try {
-      docs.push(JSON.parse(rest.slice(0, end)));
-    } catch {
-      return undefined;
+    if (after === null) {
+      if (consumed === 0) return error;
+      return error.replace(/ \(line \d+ column \d+\)/, '').replace(/position (\d+)/, (_, at: string) => `position ${consumed + Number(at)}`);
     }
-    rest = rest.slice(end);
+    const end = consumed + Number(after[1]);
     try {
-      docs.push(JSON.parse(rest));
+      // V8 parsed the value before `end` whole: this cannot fail but costs a second parse of it.
+      docs.push(JSON.parse(text.slice(consumed, end)));
+    } catch {
+      return firstError;
+    }
+    consumed = end;
+    try {
+      docs.push(JSON.parse(text.slice(consumed)));
       return docs;
     } catch (err) {
       error = (err as Error).message;
