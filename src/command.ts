@@ -118,8 +118,11 @@ async function main(argv: string[], begun: CommandStart): Promise<number> {
     // stopping now would leave a moment with no listener.
     if (handover.server.busy) {
       logger.info({ signal: next }, 'a new process is taking over: finishing the hand-over before stopping');
+      // A signal meanwhile has no grace period to end: the hand-over decides what follows.
+      handingOver = true;
       await Promise.race([handover.server.settled(), new Promise((resolve) => setTimeout(resolve, SUCCESSOR_WAIT_MS).unref())]);
       successor = await Promise.race([handover.handedOver, Promise.resolve(undefined)]);
+      handingOver = successor !== undefined;
     }
     if (successor === undefined) await handover.server.close();
   }
