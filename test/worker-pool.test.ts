@@ -65,6 +65,18 @@ async function backends(...names: string[]): Promise<Endpoint[]> {
   return out;
 }
 
+/** `n` connections through the proxy port, each spliced to its endpoint (its first byte read); closed after the test. */
+async function openSpliced(port: number, n: number): Promise<void> {
+  const held: Socket[] = [];
+  closers.push(() => held.forEach((s) => s.destroy()));
+  for (let i = 0; i < n; i++) {
+    const s = connect({ host: '127.0.0.1', port });
+    s.on('error', () => undefined);
+    held.push(s);
+    await withDeadline(new Promise((r) => s.once('data', r)), 5000, 'the connection to be spliced');
+  }
+}
+
 function acceptedBy(launcher: InProcessLauncher, index: number): number {
   return launcher.current(index).units.stats().reduce((n, s) => n + s.stats.accepted, 0);
 }
@@ -267,14 +279,7 @@ describe('WorkerPool', () => {
     const [a] = await backends('a');
     await pool.apply(batch({ open: [{ unit: unit('default/web:http', [a as Endpoint]), listen: PROXY_PORT_SPEC }] }));
     const port = pool.views()[0]?.proxyPort as number;
-    const held: Socket[] = [];
-    for (let i = 0; i < 20; i++) {
-      const s = connect({ host: '127.0.0.1', port });
-      await withDeadline(new Promise((r) => s.once('data', r)), 5000, 'the connection to be spliced');
-      s.on('error', () => undefined);
-      held.push(s);
-    }
-    closers.push(() => held.forEach((s) => s.destroy()));
+    await openSpliced(port, 20);
     const { cut } = await pool.shutdown(50);
     expect(cut).toBe(20);
     expect(launcher.launched.every((w) => w.dead)).toBe(true);
@@ -286,14 +291,7 @@ describe('WorkerPool', () => {
     const [a] = await backends('a');
     await pool.apply(batch({ open: [{ unit: unit('default/web:http', [a as Endpoint]), listen: PROXY_PORT_SPEC }] }));
     const port = pool.views()[0]?.proxyPort as number;
-    const held: Socket[] = [];
-    for (let i = 0; i < 10; i++) {
-      const s = connect({ host: '127.0.0.1', port });
-      await withDeadline(new Promise((r) => s.once('data', r)), 5000, 'the connection to be spliced');
-      s.on('error', () => undefined);
-      held.push(s);
-    }
-    closers.push(() => held.forEach((s) => s.destroy()));
+    await openSpliced(port, 10);
     const endGrace = new AbortController();
     const stopping = pool.shutdown(60_000, { endGrace: endGrace.signal });
     setImmediate(() => endGrace.abort());
@@ -331,14 +329,7 @@ describe('WorkerPool', () => {
     const [a] = await backends('a');
     await pool.apply(batch({ open: [{ unit: unit('default/web:http', [a as Endpoint]), listen: PROXY_PORT_SPEC }] }));
     const port = pool.views()[0]?.proxyPort as number;
-    const held: Socket[] = [];
-    for (let i = 0; i < 20; i++) {
-      const s = connect({ host: '127.0.0.1', port });
-      await withDeadline(new Promise((r) => s.once('data', r)), 5000, 'the connection to be spliced');
-      s.on('error', () => undefined);
-      held.push(s);
-    }
-    closers.push(() => held.forEach((s) => s.destroy()));
+    await openSpliced(port, 20);
     await pool.refreshFigures();
     const open = pool.figures().map((f) => f.active);
     expect(open.every((n) => n > 0)).toBe(true);
