@@ -103,3 +103,45 @@ describe('RoundRobinBalancer: least-connections', () => {
     expect(active(lb)).toEqual(Object.fromEntries([A, B, C, D].map((e) => [e.addr, byAddr.get(e.addr) ?? 0])));
   });
 });
+
+describe('RoundRobinBalancer: a retry avoids the endpoint that failed', () => {
+  const clock = { now: () => 0 };
+  const dead = toEndpoint({ ip: '10.0.0.1', port: 80 });
+  const live = toEndpoint({ ip: '10.0.0.2', port: 80 });
+
+  it.each(['least-connections', 'round-robin'] as const)('%s: retries alternate while another endpoint is usable; alone, it is taken again', (algorithm) => {
+    const lb = new RoundRobinBalancer({ clock, random: () => 0.5 });
+    lb.setAlgorithm(algorithm);
+    lb.setEndpoints([dead, live]);
+    // A long-lived connection on `live`: the least-connections pick is `dead` (none).
+    lb.nextEndpoint('', false);
+    lb.nextEndpoint('', false);
+    lb.release(dead);
+    let ep = lb.nextEndpoint('', false) as Endpoint;
+    const picks: string[] = [];
+    for (let attempt = 0; attempt < 4; attempt++) {
+      picks.push(ep.addr);
+      lb.release(ep);
+      ep = lb.nextEndpoint('', true, ep) as Endpoint;
+    }
+    expect(new Set(picks.slice(0, 2)).size).toBe(2);
+    expect(picks.every((p, i) => i === 0 || p !== picks[i - 1])).toBe(true);
+    const alone = new RoundRobinBalancer({ clock, random: () => 0.5 });
+    alone.setAlgorithm(algorithm);
+    alone.setEndpoints([dead]);
+    expect(alone.nextEndpoint('', true, dead)?.addr).toBe(dead.addr);
+  });
+
+  it('ClientIP affinity: the re-stick avoids the endpoint that failed', () => {
+    const lb = new RoundRobinBalancer({ clock, random: () => 0.5 });
+    lb.setAlgorithm('least-connections');
+    lb.setAffinity({ type: 'ClientIP', timeoutSeconds: 60 });
+    lb.setEndpoints([dead, live]);
+    const first = lb.nextEndpoint('10.1.0.1', false) as Endpoint;
+    lb.release(first);
+    const retry = lb.nextEndpoint('10.1.0.1', true, first) as Endpoint;
+    expect(retry.addr).not.toBe(first.addr);
+    expect(lb.nextEndpoint('10.1.0.1', false)?.addr).toBe(retry.addr);
+  });
+});
+

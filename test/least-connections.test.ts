@@ -62,6 +62,38 @@ describe('least-connections on real sockets', () => {
   });
 });
 
+describe('a retry after a failed dial', () => {
+  it('goes to another endpoint, not back to the one that failed, though that one holds fewer connections', async () => {
+    const live = await tcpBackend(LO, (s: Socket) => {
+      s.write('live:');
+      s.pipe(s);
+    });
+    cleanups.push(() => live.close());
+    const liveEp = toEndpoint({ ip: LO, port: live.port });
+    const deadEp = toEndpoint({ ip: LO, port: await closedTcpPort() });
+    const balancer = new RoundRobinBalancer({ clock: systemClock, random: Math.random });
+    balancer.setAlgorithm('least-connections');
+    const proxy = new TcpProxySocket({ name: 'default/web:http', balancer, dialer: new DirectDialer(), logger: captureLogger('warn').logger });
+    cleanups.push(async () => {
+      proxy.destroyAll();
+      await proxy.close();
+    });
+    const { port } = await proxy.listen({ host: LO, port: 0 });
+    balancer.setEndpoints([liveEp]);
+    // A long-lived connection on the live endpoint; then the refusing one joins, holding none.
+    const busy = await connectTo(port);
+    cleanups.push(() => busy.socket.destroy());
+    await busy.got.until('live:'.length);
+    balancer.setEndpoints([liveEp, deadEp]);
+    const { socket, got } = await connectTo(port);
+    cleanups.push(() => socket.destroy());
+    // Refused first (the fewest connections), then retried on the live one: served, not reset.
+    await withDeadline(got.until('live:'.length), 5000, 'the live endpoint\'s greeting');
+    expect(got.bytes().toString()).toBe('live:');
+    expect(proxy.stats.dialFailures.refused).toBe(1);
+  });
+});
+
 describe('every endpoint handed out is handed back exactly once', () => {
   async function tcpProxy(balancer: FakeBalancer, dialTimeoutsMs = [200, 200, 200]) {
     const proxy = new TcpProxySocket({ name: 'default/web:http', balancer, dialer: new DirectDialer(), logger: captureLogger('warn').logger, dialTimeoutsMs });

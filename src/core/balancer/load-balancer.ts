@@ -40,9 +40,10 @@ export interface LoadBalancer {
   /**
    * The endpoint for a new connection from `clientIP`, or undefined when there is none.
    * `sessionAffinityReset` is true on a retry after a failed dial: the client's sticky entry is
-   * dropped and a fresh endpoint picked.
+   * dropped and a fresh endpoint picked; `avoid`, the endpoint that failed, is not picked again
+   * while another is usable (least-connections would take it back first: it holds nothing).
    */
-  nextEndpoint(clientIP: string, sessionAffinityReset: boolean): Endpoint | undefined;
+  nextEndpoint(clientIP: string, sessionAffinityReset: boolean, avoid?: Endpoint): Endpoint | undefined;
   /** Drop expired affinity entries. Called from one coarse sweep, never per client. */
   cleanupStaleStickySessions(): void;
   /** A connection to `endpoint` ended (or its dial failed): its count goes down. */

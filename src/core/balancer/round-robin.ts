@@ -202,12 +202,12 @@ export class RoundRobinBalancer implements LoadBalancer {
     this.algorithm = algorithm;
   }
 
-  nextEndpoint(clientIP: string, sessionAffinityReset: boolean): Endpoint | undefined {
+  nextEndpoint(clientIP: string, sessionAffinityReset: boolean, avoid?: Endpoint): Endpoint | undefined {
     if (this.pending !== undefined) this.settle();
     if (this.slots.length === 0) return undefined;
     if (this.ejected > 0) this.returnDue();
     // Runs per connection: the None path must stay free of allocation.
-    const slot = this.affinityType === 'None' ? this.pick() : this.pickSticky(clientIP, sessionAffinityReset);
+    const slot = this.affinityType === 'None' ? this.pick(avoid?.addr) : this.pickSticky(clientIP, sessionAffinityReset, avoid?.addr);
     slot.active++;
     return slot.handle;
   }
@@ -318,44 +318,57 @@ export class RoundRobinBalancer implements LoadBalancer {
   }
 
   /** A fresh endpoint for a connection: precondition, the list is not empty. */
-  private pick(): Slot {
+  /** `avoid`: the address of an endpoint that just failed, taken only when no other is usable. */
+  private pick(avoid?: string): Slot {
     // Every endpoint set aside: all are used, no Service is emptied by passive health.
     const all = this.ejected === 0 || this.ejected >= this.slots.length;
-    return this.algorithm === 'least-connections' ? this.leastConnections(all) : this.roundRobin(all);
+    return this.algorithm === 'least-connections' ? this.leastConnections(all, avoid) : this.roundRobin(all, avoid);
   }
 
-  private roundRobin(all: boolean): Slot {
+  private roundRobin(all: boolean, avoid: string | undefined): Slot {
     const n = this.slots.length;
+    let avoided: Slot | undefined;
     for (let k = 0; k < n; k++) {
       const slot = this.slots[this.index] as Slot;
       this.index = this.index + 1 === n ? 0 : this.index + 1;
-      if (all || slot.ejectedUntil === 0) return slot;
+      if (!all && slot.ejectedUntil !== 0) continue;
+      if (avoid !== undefined && slot.handle.addr === avoid) {
+        avoided = slot;
+        continue;
+      }
+      return slot;
     }
-    return this.slots[0] as Slot; // not reached: some slot is usable when not all are set aside
+    return avoided ?? (this.slots[0] as Slot); // slots[0] not reached: some slot is usable when not all are set aside
   }
 
   /**
    * The usable endpoint with the fewest connections, looking from the round-robin index on, so
    * that ties go round-robin. An endpoint with none ends the look: nothing can beat it.
    */
-  private leastConnections(all: boolean): Slot {
+  private leastConnections(all: boolean, avoid: string | undefined): Slot {
     const n = this.slots.length;
     let best: Slot | undefined;
     let bestAt = 0;
+    let avoided: Slot | undefined;
     for (let k = 0, at = this.index; k < n; k++, at = at + 1 === n ? 0 : at + 1) {
       const slot = this.slots[at] as Slot;
       if (!all && slot.ejectedUntil !== 0) continue;
+      if (avoid !== undefined && slot.handle.addr === avoid) {
+        avoided = slot;
+        continue;
+      }
       if (best === undefined || slot.active < best.active) {
         best = slot;
         bestAt = at;
         if (slot.active === 0) break;
       }
     }
+    if (best === undefined) return avoided ?? (this.slots[0] as Slot);
     this.index = bestAt + 1 === n ? 0 : bestAt + 1;
-    return best ?? (this.slots[0] as Slot);
+    return best;
   }
 
-  private pickSticky(clientIP: string, reset: boolean): Slot {
+  private pickSticky(clientIP: string, reset: boolean, avoid?: string): Slot {
     const now = this.clock.now();
     const entry = this.sticky.get(clientIP);
     if (entry !== undefined && !reset && !this.expired(entry, now) && this.usable(entry.slot)) {
@@ -366,7 +379,7 @@ export class RoundRobinBalancer implements LoadBalancer {
     // A reset (the sticky endpoint failed to dial), an expired entry, or an endpoint set aside:
     // pick afresh and re-stick. Workers pick a new client's endpoint alike (a reset walks on down
     // the client's ranking), unless that one is set aside here.
-    const slot = this.freshPick(clientIP, reset ? entry?.slot.handle.addr : undefined);
+    const slot = this.freshPick(clientIP, avoid ?? (reset ? entry?.slot.handle.addr : undefined));
     if (entry === undefined) {
       const made = { slot, lastUsed: now, assignedAt: now, sharedAt: now };
       this.stickyTable().set(clientIP, made);
@@ -381,9 +394,9 @@ export class RoundRobinBalancer implements LoadBalancer {
   }
 
   private freshPick(clientIP: string, avoid: string | undefined): Slot {
-    if (this.shared === undefined) return this.pick();
+    if (this.shared === undefined) return this.pick(avoid);
     const ranked = this.slotOf(rendezvousPick(clientIP, this.list, this.shared.seed, avoid));
-    return ranked !== undefined && this.usable(ranked) ? ranked : this.pick();
+    return ranked !== undefined && this.usable(ranked) ? ranked : this.pick(avoid);
   }
 
   /** Queue an entry for the siblings; the first one queued tells the worker there is news. */

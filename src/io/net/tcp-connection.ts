@@ -333,7 +333,7 @@ export class TcpConnection {
     ctx.balancer.release(failed);
     if (isOutOfDescriptors(err)) ctx.outOfDescriptors(err);
     else if (ctx.debugEnabled()) ctx.log().debug({ err, client: this.clientIP, endpoint: failed.addr }, 'dial failed');
-    const next = this.mayRetry(err) ? ctx.balancer.nextEndpoint(this.pickIP(), true) : undefined;
+    const next = this.mayRetry(err) ? ctx.balancer.nextEndpoint(this.pickIP(), true, failed) : undefined;
     if (next === undefined) {
       this.giveUp();
       return;
