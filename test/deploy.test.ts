@@ -42,7 +42,7 @@ interface Container {
   volumeMounts: Array<{ name: string; mountPath: string }>;
 }
 interface PodSpec {
-  serviceAccountName: string; hostNetwork: boolean; priorityClassName: string; terminationGracePeriodSeconds: number;
+  serviceAccountName: string; hostNetwork: boolean; dnsPolicy?: string; priorityClassName: string; terminationGracePeriodSeconds: number;
   nodeSelector: Record<string, string>; tolerations: Array<{ key?: string; operator: string; effect?: string }>;
   containers: Container[]; volumes: Array<{ name: string; configMap?: { name: string }; hostPath?: { path: string; type?: string }; emptyDir?: object }>;
   initContainers?: Array<{ name: string; command: string[]; securityContext?: { privileged?: boolean }; volumeMounts?: Array<{ name: string; mountPath: string }> }>;
@@ -108,6 +108,8 @@ describe('the DaemonSet', () => {
     const ds = daemonSet();
     const spec = ds.spec.template.spec;
     expect(spec.hostNetwork).toBe(true);
+    // Not ClusterFirstWithHostNet: the cluster DNS is a Service, reached only through this proxy.
+    expect(spec.dnsPolicy ?? 'ClusterFirst').not.toBe('ClusterFirstWithHostNet');
     expect(spec.priorityClassName).toBe('system-node-critical');
     expect(spec.nodeSelector).toEqual({ 'kubernetes.io/os': 'linux' });
     expect(spec.tolerations).toContainEqual({ operator: 'Exists' });
