@@ -52,7 +52,7 @@ export function buildProgram(capture: { out: string; err: string }): Command {
     .addOption(new Option('--min-sync-period <duration>', 'alias of --iptables-min-sync-period').hideHelp())
     .option('--config-sync-period <duration>', `how often every Service is re-translated from memory (kube-proxy's resync; never a re-list) (default: ${DEFAULTS.configSyncPeriod})`)
     .option('--nodeport-addresses <cidrs>', 'comma-separated CIDRs whose local addresses serve node ports (default: all)')
-    .option('--service-cluster-ip-range <cidrs>', 'the Service ClusterIP range(s), made local by --portal bind')
+    .option('--service-cluster-ip-range <cidrs>', 'the Service ClusterIP range(s): accepted as kube-proxy\'s flag and validated, not used (the bind portal makes each Service\'s own addresses local)')
     .option('--shutdown-grace-period <duration>', `how long established connections may finish after SIGTERM (default: ${DEFAULTS.shutdownGracePeriod})`)
     .option('--dns-bind-address <host:port>', 'answer DNS for Service names (svc.ns.svc.<cluster domain>, svc.ns) on this address, UDP and TCP (default: off)')
     .option('--socks-bind-address <host:port>', 'a SOCKS5 and HTTP CONNECT proxy on this address that reaches Services by name or ClusterIP (curl --socks5-hostname, ALL_PROXY=socks5h://, HTTPS_PROXY=http://) (default: off)')
@@ -68,7 +68,7 @@ export function buildProgram(capture: { out: string; err: string }): Command {
     .option('--hold-max-per-node <n>', `connections held for want of endpoints over the whole node (default: ${DEFAULTS.holdMaxPerNode})`)
     .option('--emit-events', 'post a Kubernetes Event (reason NeedPods) on a Service each time a connection is held for want of its endpoints (needs RBAC create on events)')
     .option('--log-level <level>', `trace, debug, info, warn, error, fatal or silent (default: ${DEFAULTS.logLevel})`)
-    .option('--cleanup', 'remove everything the portal modes installed, then exit');
+    .option('--cleanup', 'remove everything the portal modes installed, then exit (with no --portal, as root: both node-level modes\' leftovers)');
   return program;
 }
 

@@ -43,10 +43,16 @@ async function main(argv: string[], begun: CommandStart): Promise<number> {
     return 0;
   }
   if (config.cleanup) {
+    // As kube-proxy's, --cleanup with no mode named removes what any mode installed: the loopback
+    // portal (the default) leaves nothing, so as root (the only user who could have installed
+    // iptables chains or the bind interface) the node-level removal runs, which covers both modes.
+    // `--portal loopback` named keeps it to the hosts-file block.
+    const anyMode = options.portal === undefined && process.getuid?.() === 0;
+    const portalConfig = anyMode ? { ...config, portal: 'iptables' as const } : config;
     // Both run, whichever fails: cleanup keeps going past a failure.
-    const results = await Promise.allSettled([createPortal(config, logger).then((portal) => portal.cleanup()), cleanupLocalNames(config, logger)]);
+    const results = await Promise.allSettled([createPortal(portalConfig, logger).then((portal) => portal.cleanup()), cleanupLocalNames(config, logger)]);
     for (const r of results) if (r.status === 'rejected') throw r.reason;
-    logger.info({ portal: config.portal }, 'cleanup done');
+    logger.info({ portal: config.portal, ...(portalConfig !== config ? { alsoRemoved: 'iptables chains and the bind interface' } : {}) }, 'cleanup done');
     return 0;
   }
   // The first SIGTERM, SIGINT or SIGHUP (the terminal closed) stops the proxy. A later one ends the
