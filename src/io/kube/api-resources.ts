@@ -13,7 +13,7 @@ export interface ApiResource {
 export const API_RESOURCES = {
   services: { group: '', version: 'v1', resource: 'services', verbs: ['list', 'watch'] },
   endpointSlices: { group: 'discovery.k8s.io', version: 'v1', resource: 'endpointslices', verbs: ['list', 'watch'] },
-  nodes: { group: '', version: 'v1', resource: 'nodes', verbs: ['get', 'list', 'watch'] },
+  nodes: { group: '', version: 'v1', resource: 'nodes', verbs: ['list', 'watch'] },
 } as const satisfies Record<string, ApiResource>;
 
 /**
