@@ -108,8 +108,12 @@ export class LocalUnitSet implements UnitSet, AffinityShare, TcpHandOffs {
     const failedListeners = (id: string): number => this.units.get(id)?.listeners.filter((l) => l.error).length ?? 0;
     for (const id of batch.close) this.closeUnit(id);
     for (const o of batch.recreate) {
+      // New sockets, the same balancer: sticky clients keep their endpoints, and connections still
+      // running on the retired socket keep counting where the new ones are picked (least-connections),
+      // as upstream's userspace proxy kept a service port's balancer state across its changes.
+      const balancer = this.units.get(o.unit.id)?.balancer;
       this.closeUnit(o.unit.id);
-      await this.openUnit(o);
+      await this.openUnit(o, balancer);
       listenErrors += failedListeners(o.unit.id);
     }
     for (const o of batch.open) {
@@ -242,7 +246,8 @@ export class LocalUnitSet implements UnitSet, AffinityShare, TcpHandOffs {
     return { cut };
   }
 
-  private async openUnit({ unit, listen, preferredProxyPort, proxyPort }: UnitOpen): Promise<void> {
+  /** `reuse`: the balancer of the unit this one replaces (a recreate). */
+  private async openUnit({ unit, listen, preferredProxyPort, proxyPort }: UnitOpen, reuse?: LoadBalancer): Promise<void> {
     if (this.stopping) return;
     // Only after a batch that failed half-way can a unit be opened twice: never leak the first.
     this.closeUnit(unit.id);
@@ -258,7 +263,7 @@ export class LocalUnitSet implements UnitSet, AffinityShare, TcpHandOffs {
         },
       };
     }
-    const balancer = this.opts.balancerFactory(deps);
+    const balancer = reuse ?? this.opts.balancerFactory(deps);
     balancer.setAffinity(unit.affinity);
     balancer.setAlgorithm(unit.loadBalancer ?? 'round-robin');
     balancer.setEndpoints(unit.endpoints);
