@@ -146,3 +146,27 @@ describe('RoundRobinBalancer: passive health', () => {
     expect(DEFAULT_OUTLIER_POLICY).toMatchObject({ consecutiveFailures: 5, baseEjectionMs: 30_000, maxEjectionMs: 300_000 });
   });
 });
+
+describe('a pod IP reused by a new pod', () => {
+  it('is a new endpoint: neither the old pod\'s ejection nor its sticky clients carry over', () => {
+    let ms = 0;
+    const lb = new RoundRobinBalancer({ clock: { now: () => ms }, random: () => 0.5 });
+    lb.setAffinity({ type: 'ClientIP', timeoutSeconds: 3600 });
+    const old = toEndpoint({ ip: '10.3.0.1', port: 80, targetPod: { namespace: 'd', name: 'web-old' } });
+    const other = toEndpoint({ ip: '10.3.0.2', port: 80, targetPod: { namespace: 'd', name: 'web-other' } });
+    lb.setEndpoints([old, other]);
+    // Sticky clients on each, then the old pod fails five dials in a row: set aside.
+    const clients = Array.from({ length: 20 }, (_, i) => `192.168.9.${i + 1}`);
+    const stuck = new Map(clients.map((c) => [c, lb.nextEndpoint(c, false)?.addr]));
+    for (let i = 0; i < 5; i++) lb.reportDial(old, false);
+    expect(lb.load().find((l) => l.addr === old.addr)?.setAsideMs).toBeGreaterThan(0);
+    ms += 1000;
+    const fresh = toEndpoint({ ip: '10.3.0.1', port: 80, targetPod: { namespace: 'd', name: 'web-new' } });
+    lb.setEndpoints([fresh, other]);
+    expect(lb.load().find((l) => l.addr === fresh.addr)?.setAsideMs).toBe(0);
+    // The other pod's clients stay; the old pod's are picked afresh (they may land anywhere).
+    for (const c of clients) if (stuck.get(c) === other.addr) expect(lb.nextEndpoint(c, false)?.addr).toBe(other.addr);
+    expect(lb.endpoints.find((e) => e.addr === fresh.addr)?.targetPod?.name).toBe('web-new');
+  });
+});
+

@@ -124,6 +124,8 @@ export class RoundRobinBalancer implements LoadBalancer {
   private nextReturn = Infinity;
   /** Listed slots with failures in a row: while 0, a success report looks nothing up. */
   private failing = 0;
+  /** Slots whose address another pod now has (set by relist, read once by dropStickyNotIn). */
+  private renewed: Set<Slot> | undefined;
   /** Client IPs whose entries the siblings have not heard of yet (shared balancing). */
   private unshared: Set<string> = NO_CLIENTS;
   /**
@@ -447,7 +449,8 @@ export class RoundRobinBalancer implements LoadBalancer {
    * The slots of the new list, in its order: an endpoint that stays keeps its counts and health
    * (with a handle of the new object's data; handles out earlier still find it); one that left
    * keeps counting its connections until they are released, and is forgotten then; its health is
-   * forgotten at once.
+   * forgotten at once. An address now another pod's (a pod IP reused) is a new endpoint: its
+   * health and its sticky clients are forgotten too (`renewed`, for dropStickyNotIn).
    */
   private relist(endpoints: readonly Endpoint[]): void {
     // A first list (every port's at start-up) has no slot to unlist.
@@ -466,6 +469,9 @@ export class RoundRobinBalancer implements LoadBalancer {
         // Spelled out rather than spread from freshOutlierState(): one shape, made at once.
         slot = { handle: endpoint, owner: this, active: 0, listed: true, consecutiveFailures: 0, ejectedUntil: 0, ejections: 0, returnedAt: -Infinity };
         this.byAddr.set(endpoint.addr, slot);
+      } else if (slot.handle.targetPod?.name !== endpoint.targetPod?.name || slot.handle.targetPod?.namespace !== endpoint.targetPod?.namespace) {
+        Object.assign(slot, freshOutlierState());
+        (this.renewed ??= new Set()).add(slot);
       }
       slot.handle = handleOf(endpoint, slot);
       slot.listed = true;
@@ -485,8 +491,10 @@ export class RoundRobinBalancer implements LoadBalancer {
 
   /** Clients whose endpoint left must re-balance; the rest keep their slot (and its new handle). */
   private dropStickyNotIn(): void {
+    const renewed = this.renewed;
+    this.renewed = undefined;
     for (const [ip, entry] of this.sticky) {
-      if (!entry.slot.listed) this.sticky.delete(ip);
+      if (!entry.slot.listed || renewed?.has(entry.slot) === true) this.sticky.delete(ip);
     }
   }
 }
