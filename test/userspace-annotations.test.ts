@@ -44,6 +44,14 @@ describe('annotations under kube-userspace-proxy.io/', () => {
     expect(plan.units.map((u) => [u.protocol, u.proxyProtocol])).toEqual([['TCP', 'v2'], ['UDP', undefined]]);
   });
 
+  it('says so once when the Service has no TCP port for the PROXY header to go on', () => {
+    const dns = service({ name: 'dns', clusterIP: '10.96.0.53', ports: [{ name: 'dns', port: 53, protocol: 'UDP' }] }) as { metadata: Record<string, unknown> };
+    dns.metadata.annotations = { [PROXY_PROTOCOL_ANNOTATION]: 'v2' };
+    const { ports, notices } = translateService(dns, []);
+    expect(ports.map((p) => p.proxyProtocol)).toEqual([undefined]);
+    expect(notices).toEqual([`${PROXY_PROTOCOL_ANNOTATION}: the Service has no TCP port; a PROXY header goes in front of TCP connections only, so it has no effect here`]);
+  });
+
   it('leaves the model as before when absent, round-robin or zero', () => {
     for (const a of [{}, { [LOAD_BALANCER_ANNOTATION]: 'round-robin', [HOLD_WHEN_EMPTY_ANNOTATION]: '0s' }]) {
       const { ports, notices } = translateService(web(a), []);

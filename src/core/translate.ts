@@ -1,5 +1,5 @@
 import type { V1EndpointSlice, V1Service, V1ServicePort } from '@kubernetes/client-node';
-import { serviceAnnotations } from './annotations.js';
+import { PROXY_PROTOCOL_ANNOTATION, serviceAnnotations } from './annotations.js';
 import {
   compareEndpoints,
   DEFAULT_AFFINITY_TIMEOUT_SECONDS,
@@ -68,6 +68,9 @@ export function translateService(svc: V1Service, slices: readonly V1EndpointSlic
     // A header in front of a datagram is not something UDP servers expect: TCP ports only.
     if (annotations.proxyProtocol !== undefined && protocol === 'TCP') sp.proxyProtocol = annotations.proxyProtocol;
     ports.push(sp);
+  }
+  if (annotations.proxyProtocol !== undefined && ports.length > 0 && ports.every((p) => p.protocol !== 'TCP')) {
+    notices.push(`${PROXY_PROTOCOL_ANNOTATION}: the Service has no TCP port; a PROXY header goes in front of TCP connections only, so it has no effect here`);
   }
   return { ports, notices };
 }
