@@ -2,7 +2,7 @@ import { describe, expect, it } from 'vitest';
 import { RoundRobinBalancer } from '../src/core/balancer/round-robin.js';
 import { rendezvousPick } from '../src/core/balancer/shared-order.js';
 import type { StickyUpdate } from '../src/core/balancer/load-balancer.js';
-import type { AffinityPolicy, Endpoint } from '../src/core/model.js';
+import { toEndpoint, type AffinityPolicy, type Endpoint } from '../src/core/model.js';
 
 /**
  * Balancers of several worker processes serving one service port (`--workers`): they agree
@@ -222,3 +222,23 @@ describe('rendezvous hashing', () => {
     expect(moved).toBeLessThan(160);
   });
 });
+
+describe('shared balancing: a set that keeps coming back', () => {
+  it('spreads low-rate traffic over every endpoint when a pod\'s readiness flaps', () => {
+    const eps = [1, 2, 3, 4, 5, 6].map((i) => toEndpoint({ ip: `10.2.0.${i}`, port: 80 }));
+    const workers = [0, 1].map((worker) => new RoundRobinBalancer({ clock: { now: () => 0 }, random: () => 0.5, shared: { seed: 12345, worker, onStickyChange: () => undefined } }));
+    const count = new Map<string, number>(eps.map((e) => [e.addr, 0]));
+    // The sixth pod flaps: 5 and 6 endpoints in turn, one connection per worker in between.
+    for (let phase = 0; phase < 1000; phase++) {
+      for (const lb of workers) {
+        lb.setEndpoints(phase % 2 === 0 ? eps.slice(0, 5) : eps);
+        const got = lb.nextEndpoint('', false) as Endpoint;
+        count.set(got.addr, (count.get(got.addr) ?? 0) + 1);
+        lb.release(got);
+      }
+    }
+    // 2,000 connections: each endpoint near its share (~366; the sixth ~183), none starved.
+    for (const n of count.values()) expect(n).toBeGreaterThan(100);
+  });
+});
+

@@ -3,7 +3,7 @@ import { DEFAULT_AFFINITY_TIMEOUT_SECONDS } from '../model.js';
 import type { Clock, RandomSource } from '../clock.js';
 import type { BalancerDeps, BalancerFactory, EndpointLoad, LoadBalancer, SharedBalancing, StickyUpdate } from './load-balancer.js';
 import { DEFAULT_OUTLIER_POLICY, freshOutlierState, maxEjected, nextEjectionMs, type OutlierPolicy, type OutlierState } from './outlier.js';
-import { orderRandom, rendezvousPick } from './shared-order.js';
+import { hash32, orderRandom, rendezvousPick } from './shared-order.js';
 
 /** One endpoint and what the balancer keeps for it. */
 interface Slot extends OutlierState {
@@ -124,6 +124,8 @@ export class RoundRobinBalancer implements LoadBalancer {
   private nextReturn = Infinity;
   /** Listed slots with failures in a row: while 0, a success report looks nothing up. */
   private failing = 0;
+  /** Changed sets so far (shared balancing: the start of the round-robin moves with each). */
+  private changes = 0;
   /** Slots whose address another pod now has (set by relist, read once by dropStickyNotIn). */
   private renewed: Set<Slot> | undefined;
   /** Client IPs whose entries the siblings have not heard of yet (shared balancing). */
@@ -183,7 +185,10 @@ export class RoundRobinBalancer implements LoadBalancer {
     if (shared) items.sort((x, y) => (x.addr < y.addr ? -1 : x.addr > y.addr ? 1 : 0));
     this.relist(shuffle(items, shared ? orderRandom(items, shared.seed) : this.random));
     this.list = this.slots.map((s) => s.handle);
-    this.index = shared && this.list.length > 0 ? shared.worker % this.list.length : 0;
+    // Each worker starts at its own place; all of them move on by an offset that changes with every
+    // change, or a set that keeps coming back (a pod whose readiness flaps) would start each worker
+    // on the same endpoint every time, and low-rate traffic would go to a few endpoints for good.
+    this.index = shared && this.list.length > 0 ? (shared.worker + (hash32(String(this.changes++), shared.seed) >>> 0)) % this.list.length : 0;
     this.dropStickyNotIn();
   }
 
