@@ -28,17 +28,23 @@ async function named(name: string): Promise<{ endpoint: Endpoint; accepted: () =
   return { endpoint: toEndpoint({ ip: LO, port: b.port }), accepted: () => accepted };
 }
 
+/** A TCP proxy socket on loopback whose balancer picks by least connections; closed after the test. */
+async function leastConnectionsProxy(): Promise<{ balancer: RoundRobinBalancer; proxy: TcpProxySocket; port: number }> {
+  const balancer = new RoundRobinBalancer({ clock: systemClock, random: Math.random });
+  balancer.setAlgorithm('least-connections');
+  const proxy = new TcpProxySocket({ name: 'default/web:http', balancer, dialer: new DirectDialer(), logger: captureLogger('warn').logger });
+  cleanups.push(async () => {
+    proxy.destroyAll();
+    await proxy.close();
+  });
+  const { port } = await proxy.listen({ host: LO, port: 0 });
+  return { balancer, proxy, port };
+}
+
 describe('least-connections on real sockets', () => {
   it('sends new connections away from the endpoint that holds long-lived ones', async () => {
     const [a, b, c] = [await named('a'), await named('b'), await named('c')];
-    const balancer = new RoundRobinBalancer({ clock: systemClock, random: Math.random });
-    balancer.setAlgorithm('least-connections');
-    const proxy = new TcpProxySocket({ name: 'default/web:http', balancer, dialer: new DirectDialer(), logger: captureLogger('warn').logger });
-    cleanups.push(async () => {
-      proxy.destroyAll();
-      await proxy.close();
-    });
-    const { port } = await proxy.listen({ host: LO, port: 0 });
+    const { balancer, port } = await leastConnectionsProxy();
     // Three long-lived connections land on a, the only endpoint then.
     balancer.setEndpoints([a.endpoint]);
     const long: Socket[] = [];
@@ -71,14 +77,7 @@ describe('a retry after a failed dial', () => {
     cleanups.push(() => live.close());
     const liveEp = toEndpoint({ ip: LO, port: live.port });
     const deadEp = toEndpoint({ ip: LO, port: await closedTcpPort() });
-    const balancer = new RoundRobinBalancer({ clock: systemClock, random: Math.random });
-    balancer.setAlgorithm('least-connections');
-    const proxy = new TcpProxySocket({ name: 'default/web:http', balancer, dialer: new DirectDialer(), logger: captureLogger('warn').logger });
-    cleanups.push(async () => {
-      proxy.destroyAll();
-      await proxy.close();
-    });
-    const { port } = await proxy.listen({ host: LO, port: 0 });
+    const { balancer, proxy, port } = await leastConnectionsProxy();
     balancer.setEndpoints([liveEp]);
     // A long-lived connection on the live endpoint; then the refusing one joins, holding none.
     const busy = await connectTo(port);
