@@ -106,6 +106,8 @@ function portalRules(ctx: UnitRulesContext, unit: ProxyUnit, portal: PortalAddre
   }
 }
 
+const ANY_SOURCE: readonly string[] = [''];
+
 /**
  * The `-s` matches of a portal: one rule per source range of this family (a load balancer's
  * spec.loadBalancerSourceRanges); the portal's traffic from elsewhere is not redirected (kube-proxy
@@ -113,8 +115,10 @@ function portalRules(ctx: UnitRulesContext, unit: ProxyUnit, portal: PortalAddre
  * family count: with none of it, the portal takes every source. Written as iptables-save writes
  * them back (cidrText; a /0 has no -s).
  */
-function sourceMatches(ranges: readonly string[] | undefined, family: IPFamily): string[] {
-  const cidrs = (ranges ?? []).map(parseCidr).filter((c) => c?.family === family);
-  if (cidrs.length === 0) return [''];
+function sourceMatches(ranges: readonly string[] | undefined, family: IPFamily): readonly string[] {
+  // Nearly every portal: no ranges, and nothing made for it at each render.
+  if (ranges === undefined) return ANY_SOURCE;
+  const cidrs = ranges.map(parseCidr).filter((c) => c?.family === family);
+  if (cidrs.length === 0) return ANY_SOURCE;
   return [...new Set(cidrs.map((c) => (c!.prefix === 0 ? '' : `-s ${cidrText(c!)} `)))];
 }
