@@ -6,11 +6,7 @@ import { toEndpoint } from '../src/core/model.js';
 import { DirectDialer } from '../src/io/net/direct-dialer.js';
 import { TcpProxySocket } from '../src/io/net/tcp-proxy.js';
 import { UdpProxySocket } from '../src/io/net/udp-proxy.js';
-import { UdpReceiveBuffers } from '../src/io/net/udp-receive-buffers.js';
-import { PortAllocator } from '../src/core/port-allocator.js';
-import { LocalUnitSet } from '../src/proxier/unit-set.js';
-import { proxySocketFactory } from '../src/proxy-sockets.js';
-import { roundRobinFactory } from '../src/core/balancer/round-robin.js';
+import { localUnitSet } from './helpers/local-unit-set.js';
 import type { ProxyUnit } from '../src/core/units.js';
 import { freePort } from './helpers/net.js';
 import { boundUdp, captureLogger, tcpBackend, udpAsk, udpEcho, withDeadline } from './helpers/proxy-fixtures.js';
@@ -93,16 +89,7 @@ describe('load-balancer source ranges on the portal\'s own address', () => {
     const echo = await tcpBackend();
     cleanups.push(() => echo.close());
     const logger = captureLogger('warn').logger;
-    const units = new LocalUnitSet({
-      logger,
-      balancerFactory: roundRobinFactory,
-      socketFactory: proxySocketFactory({ udpIdleTimeoutMs: 1000, maxUdpSessions: 10, reusePort: false, tcpKeepAliveMs: 0, tcpIdleTimeoutMs: 0, holdMaxPerServicePort: 0, holdMaxPerNode: 0 }, logger, new UdpReceiveBuffers({ logger })),
-      portAllocator: new PortAllocator(undefined, Math.random),
-      clock: systemClock,
-      random: Math.random,
-      bindAddress: '127.0.0.1',
-      sweepIntervalMs: 1000,
-    });
+    const units = localUnitSet({ logger });
     cleanups.push(() => units.shutdown(0));
     const port = await freePort(LISTEN);
     const extPort = await freePort('127.0.77.2');

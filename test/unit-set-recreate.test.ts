@@ -1,14 +1,10 @@
 import { describe, expect, it } from 'vitest';
 import { roundRobinFactory } from '../src/core/balancer/round-robin.js';
 import type { BalancerFactory, LoadBalancer } from '../src/core/balancer/load-balancer.js';
-import { systemClock } from '../src/core/clock.js';
 import { toEndpoint } from '../src/core/model.js';
-import { PortAllocator } from '../src/core/port-allocator.js';
 import { diffUnits, type ProxyUnit } from '../src/core/units.js';
-import { UdpReceiveBuffers } from '../src/io/net/udp-receive-buffers.js';
 import { silentLogger } from '../src/log.js';
-import { LocalUnitSet } from '../src/proxier/unit-set.js';
-import { proxySocketFactory } from '../src/proxy-sockets.js';
+import { localUnitSet } from './helpers/local-unit-set.js';
 
 /**
  * A unit made anew (its portals changed: the load balancer's ingress IP assigned, an externalIP
@@ -23,16 +19,7 @@ describe('a portal change (e.g. the LB ingress IP gets assigned) under ClientIP 
       made.push(b);
       return b;
     };
-    const units = new LocalUnitSet({
-      logger,
-      balancerFactory: factory,
-      socketFactory: proxySocketFactory({ udpIdleTimeoutMs: 1000, maxUdpSessions: 10, reusePort: false, tcpKeepAliveMs: 15_000, tcpIdleTimeoutMs: 0, holdMaxPerServicePort: 10, holdMaxPerNode: 10 }, logger, new UdpReceiveBuffers({ logger })),
-      portAllocator: new PortAllocator(undefined, Math.random),
-      clock: systemClock,
-      random: Math.random,
-      bindAddress: '127.0.0.1',
-      sweepIntervalMs: 1000,
-    });
+    const units = localUnitSet({ logger, balancerFactory: factory });
     const endpoints = [1, 2, 3, 4].map((i) => toEndpoint({ ip: `10.1.0.${i}`, port: 80 }));
     const before: ProxyUnit = { id: 'default/web:http', servicePort: 'default/web:http', service: 'default/web', protocol: 'TCP', scope: 'all', portals: [{ kind: 'clusterIP', ip: '10.96.0.10', port: 80 }], endpoints, affinity: { type: 'ClientIP', timeoutSeconds: 10800 } };
     const after: ProxyUnit = { ...before, portals: [...before.portals, { kind: 'loadBalancer', ip: '203.0.113.7', port: 80 }] };

@@ -1,13 +1,9 @@
 import { describe, expect, it } from 'vitest';
-import { roundRobinFactory } from '../src/core/balancer/round-robin.js';
-import { systemClock, type RandomSource } from '../src/core/clock.js';
+import type { RandomSource } from '../src/core/clock.js';
 import { toEndpoint } from '../src/core/model.js';
-import { PortAllocator } from '../src/core/port-allocator.js';
 import type { ProxyUnit } from '../src/core/units.js';
-import { UdpReceiveBuffers } from '../src/io/net/udp-receive-buffers.js';
 import { silentLogger } from '../src/log.js';
-import { LocalUnitSet } from '../src/proxier/unit-set.js';
-import { proxySocketFactory } from '../src/proxy-sockets.js';
+import { localUnitSet } from './helpers/local-unit-set.js';
 
 /** Math.random, counting its draws: a balancer draws when it shuffles a list into its slots. */
 function countingRandom(): RandomSource & { calls: number } {
@@ -22,16 +18,7 @@ describe('unit set status (GET /services)', () => {
   it("lists a port's endpoints without making its balancer's first list into slots (that waits for the first use)", async () => {
     const logger = silentLogger();
     const random = countingRandom();
-    const units = new LocalUnitSet({
-      logger,
-      balancerFactory: roundRobinFactory,
-      socketFactory: proxySocketFactory({ udpIdleTimeoutMs: 1000, maxUdpSessions: 10, reusePort: false, tcpKeepAliveMs: 15_000, tcpIdleTimeoutMs: 0, holdMaxPerServicePort: 10, holdMaxPerNode: 10 }, logger, new UdpReceiveBuffers({ logger })),
-      portAllocator: new PortAllocator(undefined, Math.random),
-      clock: systemClock,
-      random,
-      bindAddress: '127.0.0.1',
-      sweepIntervalMs: 1000,
-    });
+    const units = localUnitSet({ logger, random });
     // Endpoints nothing connects to: the test only reads what the unit set says of them.
     const endpoints = [toEndpoint({ ip: '127.0.0.1', port: 9 }), toEndpoint({ ip: '127.0.0.2', port: 9 }), toEndpoint({ ip: '127.0.0.1', port: 9 })];
     const unit: ProxyUnit = { id: 'default/web:http', servicePort: 'default/web:http', service: 'default/web', protocol: 'TCP', scope: 'all', portals: [{ kind: 'clusterIP', ip: '10.96.0.10', port: 80 }], endpoints, affinity: { type: 'None', timeoutSeconds: 0 } };

@@ -119,6 +119,26 @@ describe('StatsReporter', () => {
     expect(r.series[0]?.[1].slice(0, 4)).toEqual([7, 0, 0, 100]);
   });
 
+  it('sees each counter move alone: a change to any one is reported (its cheap check misses none)', () => {
+    const probe = new ServicePortStats();
+    const counters = Object.keys(probe).filter((k) => typeof (probe as unknown as Record<string, unknown>)[k] === 'number' && !['active', 'udpSessionsActive', 'held', 'dialLatencySum'].includes(k));
+    expect(counters.length).toBeGreaterThan(12);
+    for (const k of counters) {
+      const reporter = new StatsReporter();
+      const s = new ServicePortStats();
+      reporter.report([{ labels: WEB, stats: s }], 0);
+      (s as unknown as Record<string, number>)[k] = 1;
+      expect([k, reporter.report([{ labels: WEB, stats: s }], 0).series.length]).toEqual([k, 1]);
+    }
+    for (const reason of ['refused', 'timeout', 'unreachable', 'other'] as const) {
+      const reporter = new StatsReporter();
+      const s = new ServicePortStats();
+      reporter.report([{ labels: WEB, stats: s }], 0);
+      s.dialFailures[reason] = 1;
+      expect([reason, reporter.report([{ labels: WEB, stats: s }], 0).series.length]).toEqual([reason, 1]);
+    }
+  });
+
   it('sees held connections come and go, and counts a retired unit until its held connections are gone', () => {
     const reporter = new StatsReporter();
     const s = new ServicePortStats();

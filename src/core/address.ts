@@ -206,6 +206,19 @@ export function cidrText(cidr: Cidr): string {
 }
 
 /**
+ * The ranges of one family, parsed (malformed ones dropped): a load balancer's source ranges
+ * apply to its addresses of their own family only, as kube-proxy keeps them apart.
+ */
+export function cidrsOfFamily(ranges: readonly string[], family: IPFamily | undefined): Cidr[] {
+  const out: Cidr[] = [];
+  for (const text of ranges) {
+    const cidr = parseCidr(text);
+    if (cidr !== undefined && cidr.family === family) out.push(cidr);
+  }
+  return out;
+}
+
+/**
  * Whether a client address is within any of `ranges` (CIDRs; malformed ones match nothing). An
  * IPv4 client seen on a dual-stack socket (`::ffff:a.b.c.d`) is matched as IPv4.
  */

@@ -124,8 +124,8 @@ function checkMetadata(r: Report, meta: unknown): void {
 function checkServiceSpec(r: Report, spec: Record<string, unknown>): void {
   checkOneOf(r, 'spec.type', spec.type, SERVICE_TYPES);
   checkClusterIPs(r, spec);
-  checkIPList(r, 'spec.externalIPs', spec.externalIPs);
-  checkCidrList(r, 'spec.loadBalancerSourceRanges', spec.loadBalancerSourceRanges);
+  checkList(r, 'spec.externalIPs', spec.externalIPs, notAnIP);
+  checkList(r, 'spec.loadBalancerSourceRanges', spec.loadBalancerSourceRanges, notACidr);
   checkServicePorts(r, spec.ports);
   checkOneOf(r, 'spec.sessionAffinity', spec.sessionAffinity, AFFINITIES);
   checkAffinityTimeout(r, spec.sessionAffinityConfig);
@@ -357,13 +357,14 @@ function checkOneOf(r: Report, at: string, v: unknown, allowed: readonly string[
   }
 }
 
-function checkIPList(r: Report, at: string, v: unknown): void {
+/** An optional list whose every entry `check` accepts. */
+function checkList(r: Report, at: string, v: unknown, check: (v: unknown) => EntryFault | undefined): void {
   if (v === undefined || v === null) return;
   if (!Array.isArray(v)) {
     r.fail(at, 'must be a list');
     return;
   }
-  checkEntries(r, at, v, notAnIP);
+  checkEntries(r, at, v, check);
 }
 
 /** What is wrong with one entry of a list: `${value} ${is}` alone, `N entries ${are}` in a count. */
@@ -373,15 +374,6 @@ interface EntryFault {
   value: unknown;
   is: string;
   are: string;
-}
-
-function checkCidrList(r: Report, at: string, v: unknown): void {
-  if (v === undefined || v === null) return;
-  if (!Array.isArray(v)) {
-    r.fail(at, 'must be a list');
-    return;
-  }
-  checkEntries(r, at, v, notACidr);
 }
 
 function notACidr(v: unknown): EntryFault | undefined {

@@ -382,8 +382,9 @@ export class Proxier implements ProxierEvents {
       this.portalNeedsSync = portalErrors.length > 0;
       // Said when the list changes, not at every sync: nothing but the Services' change alters it.
       const skipped = result.skipped ?? [];
-      if (skipped.join('\n') !== this.lastSkipped) for (const e of skipped) this.log.warn({ portal: this.opts.portal.mode }, `${e}; the Service's other portals are in force`);
-      this.lastSkipped = skipped.join('\n');
+      const said = skipped.join('\n');
+      if (said !== this.lastSkipped) for (const e of skipped) this.log.warn({ portal: this.opts.portal.mode }, `${e}; the Service's other portals are in force`);
+      this.lastSkipped = said;
     }
     // Ports this batch freed were held from the units still without one (the portal pointed them
     // at the closed units until just now): the next sync binds them, soon rather than periodically.

@@ -1,6 +1,6 @@
 import type { LoadBalancer, BalancerFactory, BalancerDeps, EndpointLoad } from '../core/balancer/load-balancer.js';
 import type { Clock, RandomSource } from '../core/clock.js';
-import { hostPort, ipFamily, parseCidr } from '../core/address.js';
+import { cidrsOfFamily, hostPort, ipFamily } from '../core/address.js';
 import { formatDuration } from '../core/duration.js';
 import { ProxyError, errnoCode } from '../core/errors.js';
 import type { Endpoint } from '../core/model.js';
@@ -476,9 +476,8 @@ function setAside(load: readonly EndpointLoad[]): UnitStatus['setAside'] {
  */
 function sourcesOf(spec: ListenSpec): string[] | undefined {
   if (spec.portals.length === 0 || spec.portals.some((p) => p.sourceRanges === undefined)) return undefined;
-  const family = ipFamily(spec.host);
-  const ranges = spec.portals.flatMap((p) => p.sourceRanges ?? []).filter((r) => parseCidr(r)?.family === family);
-  return ranges.length === 0 ? undefined : [...new Set(ranges)];
+  const ranges = cidrsOfFamily(spec.portals.flatMap((p) => p.sourceRanges ?? []), ipFamily(spec.host));
+  return ranges.length === 0 ? undefined : [...new Set(ranges.map((c) => c.text))];
 }
 
 function listenErrorMessage(err: unknown, spec: ListenSpec): string {

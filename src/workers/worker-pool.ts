@@ -292,34 +292,20 @@ export class WorkerPool implements UnitSet {
     clearInterval(this.reportTimer);
     for (const slot of this.slots) clearTimeout(slot.restartTimer);
     const live = this.slots.filter((s) => s.handle !== undefined);
-    const asks = new Map<Slot, number>();
-    let hurry: NodeJS.Timeout | undefined;
     // The grace period ended early: each worker cuts what it still has and answers at once; one
     // that has not answered within the margin is wedged, and killed now rather than at the end of
-    // the grace period it was given.
+    // the grace period it was given (the requests' deadlines shrink to the margin).
     const endGrace = (): void => {
       for (const slot of live) slot.handle?.send({ t: 'endGrace' });
-      hurry = setTimeout(() => {
-        for (const [slot, id] of asks) {
-          const answer = slot.pending.get(id);
-          slot.pending.delete(id);
-          answer?.(undefined);
-        }
-      }, SHUTDOWN_MARGIN_MS);
     };
+    opts?.endGrace?.addEventListener('abort', endGrace, { once: true });
+    if (opts?.endGrace?.aborted === true) endGrace();
     // What each had open, as last reported: a worker that dies while draining is retired (and its
     // figures cleared) before its reply is missed.
     const openBefore = new Map(live.map((slot) => [slot, this.nodeStats.slot(slot.index).active]));
-    const ask = (slot: Slot) => (id: number): ToWorker => {
-      asks.set(slot, id);
-      return { t: 'shutdown', id, graceMs, ack: slot.acked, ...(opts?.handOver === true ? { handOver: true } : {}) };
-    };
-    const asked = Promise.all(live.map(async (slot) => ({ slot, reply: await this.request(slot, ask(slot), graceMs + SHUTDOWN_MARGIN_MS) })));
-    if (opts?.endGrace?.aborted === true) endGrace();
-    else opts?.endGrace?.addEventListener('abort', endGrace, { once: true });
-    const replies = await asked;
+    const shorten = opts?.endGrace === undefined ? undefined : { signal: opts.endGrace, ms: SHUTDOWN_MARGIN_MS };
+    const replies = await Promise.all(live.map(async (slot) => ({ slot, reply: await this.request(slot, (id) => ({ t: 'shutdown', id, graceMs, ack: slot.acked, ...(opts?.handOver === true ? { handOver: true } : {}) }), graceMs + SHUTDOWN_MARGIN_MS, shorten) })));
     opts?.endGrace?.removeEventListener('abort', endGrace);
-    clearTimeout(hurry);
     let cut = 0;
     for (const { slot, reply } of replies) {
       if (reply?.t === 'shutdown') {
@@ -517,13 +503,13 @@ export class WorkerPool implements UnitSet {
    * that lets the deadline pass is wedged: it is killed (and replaced, as any worker that exits);
    * during shutdown, shutdown() does that itself.
    */
-  private request(slot: Slot, make: (id: number) => ToWorker, timeoutMs: number): Promise<FromWorker | undefined> {
+  private request(slot: Slot, make: (id: number) => ToWorker, timeoutMs: number, shorten?: { signal: AbortSignal; ms: number }): Promise<FromWorker | undefined> {
     const handle = slot.handle;
     if (handle === undefined) return Promise.resolve(undefined);
     const id = ++this.nextId;
     const message = make(id);
     return new Promise((resolve) => {
-      const timer = setTimeout(() => {
+      const expire = (): void => {
         // Timers run before pending I/O is read: after a stall of this process (a large relist,
         // GC, throttling) the reply may be sitting in the channel. One turn of the poll phase
         // delivers it before the worker is judged.
@@ -533,9 +519,19 @@ export class WorkerPool implements UnitSet {
           resolve(undefined);
           if (!this.stopping) this.killUnresponsive(slot, handle, message.t, timeoutMs);
         });
-      }, timeoutMs);
+      };
+      const due = performance.now() + timeoutMs;
+      let timer = setTimeout(expire, timeoutMs);
+      // `shorten`: once its signal aborts, the deadline is `ms` from then, if that is sooner.
+      const hurry = (): void => {
+        clearTimeout(timer);
+        timer = setTimeout(expire, Math.min(shorten?.ms ?? 0, Math.max(0, due - performance.now())));
+      };
+      if (shorten?.signal.aborted === true) hurry();
+      else shorten?.signal.addEventListener('abort', hurry, { once: true });
       slot.pending.set(id, (reply) => {
         clearTimeout(timer);
+        shorten?.signal.removeEventListener('abort', hurry);
         resolve(reply);
       });
       handle.send(message);

@@ -1,4 +1,4 @@
-import { cidrText, hostPort, ipFamily, ipToBigInt, parseCidr, type IPFamily } from '../address.js';
+import { cidrsOfFamily, cidrText, hostPort, ipFamily, ipToBigInt, type IPFamily } from '../address.js';
 import type { PortalAddress, Protocol } from '../model.js';
 import type { ProxyUnit } from '../units.js';
 import type { AddressEntry, PortEntry } from './dispatch-tree.js';
@@ -118,7 +118,7 @@ const ANY_SOURCE: readonly string[] = [''];
 function sourceMatches(ranges: readonly string[] | undefined, family: IPFamily): readonly string[] {
   // Nearly every portal: no ranges, and nothing made for it at each render.
   if (ranges === undefined) return ANY_SOURCE;
-  const cidrs = ranges.map(parseCidr).filter((c) => c?.family === family);
+  const cidrs = cidrsOfFamily(ranges, family);
   if (cidrs.length === 0) return ANY_SOURCE;
-  return [...new Set(cidrs.map((c) => (c!.prefix === 0 ? '' : `-s ${cidrText(c!)} `)))];
+  return [...new Set(cidrs.map((c) => (c.prefix === 0 ? '' : `-s ${cidrText(c)} `)))];
 }
