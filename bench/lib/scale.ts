@@ -42,6 +42,22 @@ export function scaleStartId(n: number, endpoints: number, formatting: Formattin
   return `scale-start@${n}x${endpoints}/${formatting}`;
 }
 
+/** How long the harness idles between writing a state file and starting the proxy on it. */
+const SETTLE_MS = 500;
+
+/** Each size and formatting's file is rendered once per bench run: every trial reads the same bytes. */
+const renderedStates = new Map<string, Buffer>();
+
+function stateBytes(n: number, endpoints: number, formatting: Formatting): Buffer {
+  const key = `${n}x${endpoints}/${formatting}`;
+  let bytes = renderedStates.get(key);
+  if (bytes === undefined) {
+    bytes = scaleStateFor(n, endpoints, formatting).bytes();
+    renderedStates.set(key, bytes);
+  }
+  return bytes;
+}
+
 /** Start a proxy on a fresh state file of `n` Services × `endpoints`; the start-up figures of one run. */
 export async function scaleStart(ctx: Context, n: number, endpoints: number, formatting: Formatting, run: number): Promise<RunRecord> {
   const record: RunRecord = { workload: scaleStartId(n, endpoints, formatting), system: 'proxy', run, metrics: {} };
@@ -50,8 +66,11 @@ export async function scaleStart(ctx: Context, n: number, endpoints: number, for
     const dir = join(ctx.tmp, `start-${n}x${endpoints}-${formatting}-${run}`);
     mkdirSync(dir, { recursive: true });
     const stateFile = join(dir, 'state.json');
-    const bytes = scaleStateFor(n, endpoints, formatting).bytes();
+    const bytes = stateBytes(n, endpoints, formatting);
     writeByRename(stateFile, bytes);
+    // Rendering the file (tens of MB of strings) leaves this process's collector busy on its
+    // helper threads for a while; a start timed then would share the cores with it.
+    await sleep(SETTLE_MS);
     proxy = await startScaleProxy(ctx, { services: n, tag: `start-${n}x${endpoints}-${formatting}-${run}`, stateFile });
     await sleep(1000);
     record.metrics = { ...proxy.metrics, rssSettledMB: rssBytes([proxy.started.pid]) / MB, fileMB: bytes.length / 1e6 };
