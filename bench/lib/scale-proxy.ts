@@ -106,7 +106,7 @@ export async function writeInPlace(file: string, buf: Buffer, gapMs: number): Pr
 export interface ScaleProxy {
   started: Started;
   logFile: string;
-  /** Start-up figures: listenMs, cpuMs, loadedMs, syncedMs, rssMB. */
+  /** Start-up figures: listenMs, tableMs, cpuMs, loadedMs, syncedMs, rssMB. */
   metrics: Record<string, number>;
 }
 
@@ -145,6 +145,7 @@ export async function startScaleProxy(ctx: Context, s: ScaleProxyStart): Promise
   const wall0 = Date.now();
   const t0 = performance.now();
   let listenedAt = t0;
+  let tableAt = t0;
   const started = spawnProxy(ctx, {
     name: `proxy with ${s.services} Services`,
     workers,
@@ -172,6 +173,7 @@ export async function startScaleProxy(ctx: Context, s: ScaleProxyStart): Promise
       await waitUntil(() => listeningScalePorts() >= listeners * workers, `${listeners} service ports listening`, timeoutMs, { everyMs: 10, process: started });
       listenedAt = performance.now();
     }
+    tableAt = performance.now();
   } catch (err) {
     await started.stop();
     throw err;
@@ -184,7 +186,7 @@ export async function startScaleProxy(ctx: Context, s: ScaleProxyStart): Promise
   return {
     started,
     logFile,
-    metrics: { listenMs, cpuMs, loadedMs: logTimeOf(logFile, loaded, wall0), syncedMs: logTimeOf(logFile, 'synced proxy rules', wall0), rssMB, listening: listeners },
+    metrics: { listenMs, tableMs: tableAt - t0, cpuMs, loadedMs: logTimeOf(logFile, loaded, wall0), syncedMs: logTimeOf(logFile, 'synced proxy rules', wall0), rssMB, listening: listeners },
   };
 }
 

@@ -16,6 +16,7 @@ export const SCALE_INFO = {
     p99: true,
     metrics: [
       { key: 'listenMs', label: 'start to every port listening', unit: 'ms', better: 'lower' },
+      { key: 'tableMs', label: 'start to the socket table confirming it', unit: 'ms', better: 'lower' },
       { key: 'cpuMs', label: 'CPU time used by then', unit: 'ms', better: 'lower' },
       { key: 'loadedMs', label: 'start to state file loaded', unit: 'ms', better: 'lower' },
       { key: 'syncedMs', label: 'start to first sync done', unit: 'ms', better: 'lower' },
