@@ -188,11 +188,29 @@ function mask(prefix: number, width: number): bigint {
  * Rules must be rendered so, or every sync would find them different from what the node holds.
  */
 export function cidrText(cidr: Cidr): string {
-  if (cidr.family === 4) {
-    const v = cidr.base;
-    return `${Number((v >> 24n) & 255n)}.${Number((v >> 16n) & 255n)}.${Number((v >> 8n) & 255n)}.${Number(v & 255n)}/${cidr.prefix}`;
-  }
-  const groups = Array.from({ length: 8 }, (_, i) => Number((cidr.base >> BigInt(112 - 16 * i)) & 0xffffn));
+  return `${bitsText(cidr.family, cidr.base)}/${cidr.prefix}`;
+}
+
+/**
+ * An address as iptables-save (and conntrack) write it back: IPv4 as given (ipFamily takes
+ * dotted decimal without leading zeros only), IPv6 as inet_ntop writes it (see bitsText).
+ * Anything that is not an address is returned as it is.
+ */
+export function ipText(ip: string): string {
+  if (!ip.includes(':')) return ip;
+  const addr = ipToBigInt(ip);
+  return addr === undefined || addr.family === 4 ? ip : bitsText(6, addr.value);
+}
+
+/**
+ * IPv4 dotted; IPv6 in RFC 5952's form (lower case, the longest run of two or more zero groups as
+ * `::`), except that, as inet_ntop, an IPv4-mapped (`::ffff:a.b.c.d`) or IPv4-compatible
+ * (`::a.b.c.d`) address ends with a dotted quad.
+ */
+function bitsText(family: IPFamily, v: bigint): string {
+  const quad = (x: bigint): string => `${Number((x >> 24n) & 255n)}.${Number((x >> 16n) & 255n)}.${Number((x >> 8n) & 255n)}.${Number(x & 255n)}`;
+  if (family === 4) return quad(v);
+  const groups = Array.from({ length: 8 }, (_, i) => Number((v >> BigInt(112 - 16 * i)) & 0xffffn));
   let best = { at: -1, len: 1 };
   for (let i = 0; i < 8; ) {
     let j = i;
@@ -200,9 +218,9 @@ export function cidrText(cidr: Cidr): string {
     if (j - i > best.len) best = { at: i, len: j - i };
     i = j === i ? i + 1 : j;
   }
+  if (best.at === 0 && (best.len === 6 || (best.len === 5 && groups[5] === 0xffff))) return `::${best.len === 5 ? 'ffff:' : ''}${quad(v & 0xffffffffn)}`;
   const hex = groups.map((g) => g.toString(16));
-  const text = best.at < 0 ? hex.join(':') : `${hex.slice(0, best.at).join(':')}::${hex.slice(best.at + best.len).join(':')}`;
-  return `${text}/${cidr.prefix}`;
+  return best.at < 0 ? hex.join(':') : `${hex.slice(0, best.at).join(':')}::${hex.slice(best.at + best.len).join(':')}`;
 }
 
 /**

@@ -1,4 +1,4 @@
-import { ipFamily, type IPFamily } from '../address.js';
+import { ipFamily, ipText, type IPFamily } from '../address.js';
 import type { Protocol } from '../model.js';
 import type { ProxyUnit } from '../units.js';
 
@@ -111,7 +111,8 @@ export function staleFlows(entries: readonly ConntrackEntry[], q: StaleQuery): S
     const proto = t.unit.protocol.toLowerCase();
     for (const p of t.unit.portals) {
       if (p.kind === 'nodePort') byNodePort.set(`${proto}|${p.port}`, t);
-      else if (ipFamily(p.ip) === q.family) byPortal.set(`${proto}|${p.ip.toLowerCase()}|${p.port}`, t);
+      // conntrack writes addresses as inet_ntop does (`fd00::b`, not `fd00:0:0::B`).
+      else if (ipFamily(p.ip) === q.family) byPortal.set(`${proto}|${ipText(p.ip)}|${p.port}`, t);
     }
   }
   const groups = new Map<string, StaleFlows>();

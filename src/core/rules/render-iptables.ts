@@ -1,4 +1,4 @@
-import { ipFamily, parseCidr, type IPFamily } from '../address.js';
+import { cidrText, ipFamily, ipText, parseCidr, type IPFamily } from '../address.js';
 import type { Protocol } from '../model.js';
 import type { ProxyUnit } from '../units.js';
 import {
@@ -171,10 +171,11 @@ export function hostRootJump(ctx: UnitRulesContext, into: string): string {
 export function renderContext(input: IptablesRenderInput): UnitRulesContext {
   return {
     family: input.family,
-    bindAddress: input.bindAddress,
+    // Addresses and CIDRs as iptables-save writes them back, so a dump of what was written compares equal.
+    bindAddress: ipText(input.bindAddress),
     wildcard: isWildcard(input.bindAddress),
     bindFamily: hostFamily(input.bindAddress),
-    hostIP: input.hostIP,
+    hostIP: ipText(input.hostIP),
     nodePortDests: nodePortDestinations(input.family, input.nodePortCIDRs),
   };
 }
@@ -244,7 +245,7 @@ function nodePortDestinations(family: IPFamily, cidrs: readonly string[]): Array
   if (cidrs.length === 0) return [undefined];
   return cidrs.flatMap((text) => {
     const c = parseCidr(text);
-    return c && c.family === family ? [c.text] : [];
+    return c && c.family === family ? [cidrText(c)] : [];
   });
 }
 

@@ -1,4 +1,4 @@
-import { cidrsOfFamily, cidrText, hostPort, ipFamily, ipToBigInt, type IPFamily } from '../address.js';
+import { cidrsOfFamily, cidrText, hostPort, ipFamily, ipText, ipToBigInt, type IPFamily } from '../address.js';
 import type { PortalAddress, Protocol } from '../model.js';
 import type { ProxyUnit } from '../units.js';
 import type { AddressEntry, PortEntry } from './dispatch-tree.js';
@@ -100,7 +100,8 @@ function portalRules(ctx: UnitRulesContext, unit: ProxyUnit, portal: PortalAddre
   // today's kube-proxy serves it, and so do we.)
   const byte = lastByte(portal.ip, family);
   for (const source of sourceMatches(portal.sourceRanges, family)) {
-    const match = `${source}-d ${portal.ip}/${family === 4 ? 32 : 128} ${matchPrefix} ${portal.port}`;
+    // As iptables-save writes the address back (`FD00:0::A` is `fd00::a`): see cidrText.
+    const match = `${source}-d ${ipText(portal.ip)}/${family === 4 ? 32 : 128} ${matchPrefix} ${portal.port}`;
     out.portalsContainer.push({ lastByte: byte, spec: `${match} -j ${containerTarget}` });
     if (hostTarget !== undefined) out.portalsHost.push({ lastByte: byte, spec: `${match} -j ${hostTarget}` });
   }
