@@ -1,4 +1,4 @@
-import { hostPort, type IPFamily } from '../../core/address.js';
+import { hostPort, ipText, type IPFamily } from '../../core/address.js';
 import { parseConntrackList, staleFlows, type ConntrackTarget } from '../../core/rules/conntrack-entries.js';
 import { FamilyBook } from '../../core/rules/families.js';
 import type { TableChains } from '../../core/rules/chains.js';
@@ -74,8 +74,8 @@ export class IptablesPortal implements Portal {
   private readonly lastPorts = new Map<string, { port: number; seen: number }>();
   private readonly rounds = new SweepRounds();
   private readonly conntrack: Conntrack;
-  /** `family|UDP unit id` -> the proxy port and portals its conntrack entries were last checked for. */
-  private readonly checked = new Map<string, string>();
+  /** `family|UDP unit id` -> the proxy port and portals its conntrack entries were last checked for, and the unit. */
+  private readonly checked = new Map<string, { signature: string; unit: ProxyUnit }>();
   /** Families whose TCP entries were checked (once, at the first sync: see conntrack-entries.ts). */
   private readonly tcpChecked = new Set<IPFamily>();
   /** Every TCP proxy port bound in this run: entries pointing there may be connections we serve. */
@@ -262,9 +262,15 @@ export class IptablesPortal implements Portal {
     }
   }
 
-  /** The units of `family` whose entries to check now (see clearStaleFlows), marked as checked. */
+  /**
+   * The units of `family` whose entries to check now (see clearStaleFlows), marked as checked.
+   * UDP portals that no running unit serves any more (a deleted Service's, a removed externalIP)
+   * come first, with no proxy port: their entries, kept alive by a client that keeps sending,
+   * still NAT to the old proxy port, which the allocator hands to another unit after one sync.
+   */
   private dueForCheck(family: IPFamily, units: readonly RunningUnitView[]): ConntrackTarget[] {
     const due: ConntrackTarget[] = [];
+    const retired: ProxyUnit[] = [];
     const seen = new Set<string>();
     const firstTcp = !this.tcpChecked.has(family);
     this.tcpChecked.add(family);
@@ -277,16 +283,36 @@ export class IptablesPortal implements Portal {
       const key = `${family}|${unit.id}`;
       const signature = `${proxyPort}|${unit.portals.map(portalKey).sort().join(',')}`;
       seen.add(key);
-      if (this.checked.get(key) === signature) continue;
-      this.checked.set(key, signature);
+      const before = this.checked.get(key);
+      if (before?.signature === signature) continue;
+      if (before !== undefined) retired.push(before.unit);
+      this.checked.set(key, { signature, unit });
       due.push({ unit, proxyPort });
     }
-    for (const key of this.checked.keys()) if (key.startsWith(`${family}|`) && !seen.has(key)) this.checked.delete(key);
-    return due;
+    for (const [key, { unit }] of this.checked) {
+      if (!key.startsWith(`${family}|`) || seen.has(key)) continue;
+      retired.push(unit);
+      this.checked.delete(key);
+    }
+    if (retired.length === 0) return due;
+    const served = new Set<string>();
+    for (const { unit } of units) for (const p of unit.portals) served.add(conntrackPortal(unit.protocol, p));
+    const gone: ConntrackTarget[] = [];
+    for (const unit of retired) {
+      const portals = unit.portals.filter((p) => !served.has(conntrackPortal(unit.protocol, p)));
+      if (portals.length > 0) gone.push({ unit: { ...unit, portals }, proxyPort: 0 });
+    }
+    // First: a portal of a unit due now is that unit's (staleFlows files the last one given).
+    return [...gone, ...due];
   }
 
   private hostIP(family: IPFamily): string {
     const nodes = this.opts.nodeAddresses;
     return chooseHostIP(nodes.addresses(), family, nodes.defaultRouteInterface(family), this.bindInterface.name);
   }
+}
+
+/** What identifies a portal in a conntrack entry: its protocol and its address and port (a node port: its port). */
+function conntrackPortal(protocol: string, p: { kind: string; ip: string; port: number }): string {
+  return p.kind === 'nodePort' ? `${protocol}|*|${p.port}` : `${protocol}|${ipText(p.ip)}|${p.port}`;
 }
