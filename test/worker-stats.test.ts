@@ -91,6 +91,8 @@ describe('StatsReporter', () => {
     const after = reporter.report([{ labels: WEB, stats: web }], 0, acked);
     expect(after.removed).toEqual(['kube-system/dns:dns|UDP|all']);
     node.update(0, after);
+    // Its final values are read once more, then it is dropped.
+    expect(node.read().series.find((x) => x.labels.servicePort === DNS.servicePort)?.totals.udpDatagrams).toBe(1);
     expect(node.read().series.map((x) => x.labels.servicePort)).toEqual([WEB.servicePort]);
     // Once acknowledged, nothing is sent again.
     expect(reporter.report([{ labels: WEB, stats: web }], 0, after.round)).toMatchObject({ series: [], removed: [] });

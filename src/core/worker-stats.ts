@@ -238,7 +238,14 @@ export class NodeStats {
       this.workers.set(slot, w);
     }
     for (const [key, flat] of report.series) w.series.set(key, flat);
-    for (const key of report.removed) w.series.delete(key);
+    for (const key of report.removed) {
+      // Drained in this worker: its counts stay in the series while another worker still serves
+      // or drains it (a counter must not go down), as a dead worker's do.
+      const flat = w.series.get(key);
+      if (flat === undefined) continue;
+      w.series.delete(key);
+      this.keep(key, flat);
+    }
     w.node = report.node;
     w.active = report.active;
   }
@@ -248,19 +255,22 @@ export class NodeStats {
     const w = this.workers.get(slot);
     if (w === undefined) return;
     this.workers.delete(slot);
-    for (const [key, flat] of w.series) {
-      let r = this.retired.get(key);
-      if (r === undefined) {
-        r = { flat: new Array<number>(FIELD_COUNT).fill(0), gone: false };
-        this.retired.set(key, r);
-      }
-      addInto(r.flat, withoutGauges(flat));
-    }
+    for (const [key, flat] of w.series) this.keep(key, flat);
     const node = withoutGauges(w.node);
     addInto(this.retiredNode, node);
     const base = this.slotBase.get(slot) ?? new Array<number>(FIELD_COUNT).fill(0);
     addInto(base, node);
     this.slotBase.set(slot, base);
+  }
+
+  /** A series' counters a worker no longer reports (it exited, or drained the series): kept. */
+  private keep(key: string, flat: FlatStats): void {
+    let r = this.retired.get(key);
+    if (r === undefined) {
+      r = { flat: new Array<number>(FIELD_COUNT).fill(0), gone: false };
+      this.retired.set(key, r);
+    }
+    addInto(r.flat, withoutGauges(flat));
   }
 
   /** Connections and sessions open over every worker, as last reported. */

@@ -304,13 +304,19 @@ export class WorkerPool implements UnitSet {
     // figures cleared) before its reply is missed.
     const openBefore = new Map(live.map((slot) => [slot, this.nodeStats.slot(slot.index).active]));
     const shorten = opts?.endGrace === undefined ? undefined : { signal: opts.endGrace, ms: SHUTDOWN_MARGIN_MS };
-    const replies = await Promise.all(live.map(async (slot) => ({ slot, reply: await this.request(slot, (id) => ({ t: 'shutdown', id, graceMs, ack: slot.acked, ...(opts?.handOver === true ? { handOver: true } : {}) }), graceMs + SHUTDOWN_MARGIN_MS, shorten) })));
+    const replies = await Promise.all(live.map(async (slot) => {
+      const handle = slot.handle;
+      const reply = await this.request(slot, (id) => ({ t: 'shutdown', id, graceMs, ack: slot.acked, ...(opts?.handOver === true ? { handOver: true } : {}) }), graceMs + SHUTDOWN_MARGIN_MS, shorten);
+      // Taken now, while this process is the slot's: once it has exited (it does right after this
+      // reply) its last report is retired into the node's sums, and taking this one then would count it twice.
+      if (reply?.t === 'shutdown' && slot.handle === handle) this.takeReport(slot, reply.report);
+      return { slot, reply };
+    }));
     opts?.endGrace?.removeEventListener('abort', endGrace);
     let cut = 0;
     for (const { slot, reply } of replies) {
       if (reply?.t === 'shutdown') {
         cut += reply.cut;
-        this.takeReport(slot, reply.report);
         continue;
       }
       // Hung (or gone): what it had open is cut with it.
