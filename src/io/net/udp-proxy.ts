@@ -333,7 +333,12 @@ export class UdpProxySocket implements ProxySocket {
     this.forward(listener, msg, rinfo.address, rinfo.port);
   }
 
-  private forward(listener: UdpListener, msg: Buffer, address: string, port: number): void {
+  /**
+   * `pendingCap`: how many datagrams may wait for the session's socket to connect. A released hold
+   * queue goes out in one go, all of it to sessions still connecting, and was already bounded by
+   * the hold (MAX_HELD_DATAGRAMS): it must not be cut to the per-session cap on the way out.
+   */
+  private forward(listener: UdpListener, msg: Buffer, address: string, port: number, pendingCap = MAX_PENDING_DATAGRAMS): void {
     const key = clientKey(address, port);
     const session = listener.sessions.get(key) ?? this.openSession(listener, key, address, port);
     if (session === null) {
@@ -350,7 +355,7 @@ export class UdpProxySocket implements ProxySocket {
     if (session.pending === undefined) {
       session.socket.send(msg);
       this.stats.bytesToEndpoint += msg.length;
-    } else if (session.pending.length < MAX_PENDING_DATAGRAMS) {
+    } else if (session.pending.length < pendingCap) {
       session.pending.push(msg);
     } else {
       this.stats.udpDatagramsDropped++;
@@ -433,7 +438,7 @@ export class UdpProxySocket implements ProxySocket {
       for (const d of held) {
         // Its listener closed meanwhile: a reply could not reach the client.
         if (this.listeners.get(hostPort(d.listener.bound)) !== d.listener) this.stats.udpDatagramsDropped++;
-        else this.forward(d.listener, d.msg, d.address, d.port);
+        else this.forward(d.listener, d.msg, d.address, d.port, MAX_HELD_DATAGRAMS);
       }
       return;
     }
