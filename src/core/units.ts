@@ -1,4 +1,5 @@
 import { isDeepStrictEqual } from 'node:util';
+import { ipFamily, type IPFamily } from './address.js';
 import { namespacedName } from './object-key.js';
 import type { AffinityPolicy, BalancerAlgorithm, Endpoint, PortalAddress, Protocol, ProxyProtocolVersion, ServicePort } from './model.js';
 
@@ -30,6 +31,13 @@ export interface ProxyUnit {
   proxyProtocol?: ProxyProtocolVersion;
   /** Endpoints of the port the dialer cannot reach (core/reach.ts), with why; absent when none. */
   unreachable?: Array<{ endpoint: string; reason: string }>;
+  /**
+   * The Service's IP families, on a unit whose portals carry no address (the external half of a
+   * split service port holding only a node port): the families its node port is served in, which
+   * nothing else in the unit says. A change of them (a Service made dual-stack) recreates the
+   * unit, so it listens in the new family too. Absent when the portals' addresses say it.
+   */
+  families?: IPFamily[];
 }
 
 export interface EndpointSets {
@@ -64,10 +72,12 @@ export function planUnits(sp: ServicePort, sets: EndpointSets): ProxyUnit[] {
   if (external.length === 0 || sp.internalTrafficPolicy === sp.externalTrafficPolicy) {
     return [{ ...base, id: sp.key, scope: 'all', portals: [...clusterPortals(sp), ...external], endpoints: sets.clusterEndpoints }];
   }
-  return [
-    { ...base, id: sp.key, scope: 'cluster', portals: clusterPortals(sp), endpoints: sets.clusterEndpoints },
-    { ...base, id: `${sp.key} (external)`, scope: 'external', portals: external, endpoints: sets.externalEndpoints },
-  ];
+  const externalUnit: ProxyUnit = { ...base, id: `${sp.key} (external)`, scope: 'external', portals: external, endpoints: sets.externalEndpoints };
+  if (external.every((p) => p.kind === 'nodePort')) {
+    const families = [...new Set(sp.clusterIPs.map(ipFamily).filter((f) => f !== undefined))].sort();
+    if (families.length > 0) externalUnit.families = families;
+  }
+  return [{ ...base, id: sp.key, scope: 'cluster', portals: clusterPortals(sp), endpoints: sets.clusterEndpoints }, externalUnit];
 }
 
 export function portalKey(p: PortalAddress): string {
@@ -78,6 +88,7 @@ export function portalKey(p: PortalAddress): string {
 /** Whether two units need different sockets (protocol or portals changed): then the listener is recreated. */
 export function needsRecreate(a: ProxyUnit, b: ProxyUnit): boolean {
   if (a.protocol !== b.protocol || a.portals.length !== b.portals.length) return true;
+  if ((a.families ?? []).join() !== (b.families ?? []).join()) return true;
   const keys = new Set(a.portals.map(portalKey));
   return b.portals.some((p) => !keys.has(portalKey(p)));
 }

@@ -12,7 +12,7 @@ export type FamilyHints = ReadonlyMap<string, readonly IPFamily[]>;
  */
 const knownFamilies = new WeakMap<ProxyUnit, readonly IPFamily[]>();
 
-/** The families of a unit's addressed portals (ClusterIPs, externalIPs, load-balancer IPs). */
+/** The families of a unit's addressed portals (ClusterIPs, externalIPs, load-balancer IPs), or those it carries when it has none. */
 export function portalFamilies(unit: ProxyUnit): readonly IPFamily[] {
   const known = knownFamilies.get(unit);
   if (known) return known;
@@ -21,7 +21,8 @@ export function portalFamilies(unit: ProxyUnit): readonly IPFamily[] {
     const f = p.ip ? ipFamily(p.ip) : undefined;
     if (f) found.add(f);
   }
-  const families = Object.freeze([...found].sort());
+  // Nothing addressed (a node-port-only external half): the Service's families, as planned.
+  const families = Object.freeze(found.size === 0 && unit.families !== undefined ? [...unit.families] : [...found].sort());
   knownFamilies.set(unit, families);
   return families;
 }
