@@ -324,7 +324,8 @@ export function listItems(doc: unknown, file: string): { items: Doc[]; read: (it
     items,
     read: (item) => {
       const out = emptyManifest();
-      collect(item, implied, file, out);
+      // An item lies a level below its list, as collectList reads it: the same depth bound.
+      collect(item, implied, file, out, 1);
       return out;
     },
   };
