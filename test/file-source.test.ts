@@ -1,4 +1,4 @@
-import { mkdtemp, mkdir, open, rename, rm, symlink, writeFile } from 'node:fs/promises';
+import { mkdtemp, mkdir, open, rename, rm, symlink, utimes, writeFile } from 'node:fs/promises';
 import { appendFileSync, readFileSync, statSync } from 'node:fs';
 import { execFileSync } from 'node:child_process';
 import { tmpdir } from 'node:os';
@@ -580,5 +580,42 @@ describe('FileSource', () => {
     await source.stop();
     await source.stop();
     expect(sink.applied).toHaveLength(1);
+  });
+});
+
+/** Writes `content` (as long as what is there) over the file in place and puts its mtime back: the poller cannot see it, inotify can. */
+async function writeUnseenByPoller(path: string, content: string): Promise<void> {
+  const fh = await open(path, 'r+');
+  try {
+    await fh.write(content, 0);
+  } finally {
+    await fh.close();
+  }
+  await utimes(path, 1_000_000, 1_000_000);
+}
+
+describe('FileSource directory watch', () => {
+  it('watches the directory again after it was removed and made anew', async () => {
+    const { dir, stateDir, path, source, sink } = await setup({ subdir: 'dir', pollIntervalMs: 200 });
+    await mkdir(stateDir);
+    await writeFile(path, state('aaa'));
+    await utimes(path, 1_000_000, 1_000_000);
+    await source.start(sink);
+    expect(sink.last()?.services).toEqual(['aaa']);
+    // The watch sees an edit the poller cannot.
+    await writeUnseenByPoller(path, state('bbb'));
+    await waitFor(() => sink.last()?.services[0] === 'bbb', 'the edit seen by the directory watch');
+    // The directory goes, and comes back with the file. Linux tells the old watch nothing it
+    // reports, so only the poller sees this; it has then sampled the new file, so past here
+    // only a watch on the new directory can see the edit below.
+    await rm(stateDir, { recursive: true });
+    await mkdir(stateDir);
+    const tmp = join(dir, 'next.json');
+    await writeFile(tmp, state('ccc'));
+    await utimes(tmp, 1_000_000, 1_000_000);
+    await rename(tmp, path);
+    await waitFor(() => sink.last()?.services[0] === 'ccc', 'the file in the new directory to be applied');
+    await writeUnseenByPoller(path, state('ddd'));
+    await waitFor(() => sink.last()?.services[0] === 'ddd', 'the edit seen by a watch on the new directory', 3000);
   });
 });

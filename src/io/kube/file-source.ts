@@ -1,5 +1,5 @@
-import { watch, watchFile, unwatchFile, type FSWatcher, type Stats } from 'node:fs';
-import { readlink } from 'node:fs/promises';
+import { statSync, watch, watchFile, unwatchFile, type BigIntStats, type FSWatcher, type Stats } from 'node:fs';
+import { readlink, stat } from 'node:fs/promises';
 import { performance } from 'node:perf_hooks';
 import { basename, dirname, join, relative, resolve, sep } from 'node:path';
 import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
@@ -119,6 +119,8 @@ export class FileSource {
   private indexImmediate: NodeJS.Immediate | undefined;
   private sink: StateSink | undefined;
   private dirWatcher: FSWatcher | undefined;
+  /** The directory dirWatcher watches (device, inode, birth time): a watch on one removed says nothing more. */
+  private watchedDir: string | undefined;
   private timer: NodeJS.Timeout | undefined;
   private loading: Promise<void> | undefined;
   private reloadAgain = false;
@@ -182,6 +184,8 @@ export class FileSource {
   private armDirWatcher(): void {
     if (this.dirWatcher || this.stopped) return;
     try {
+      // Before the watch: a directory replaced in between is then seen as replaced next time.
+      this.watchedDir = dirIdentity(statSync(dirname(this.path), { bigint: true }));
       const w = watch(dirname(this.path), { persistent: true }, (_event, name) => {
         // No name (some platforms): cannot tell, so read.
         if (name === null || this.names.has(name)) this.onEvent();
@@ -230,7 +234,27 @@ export class FileSource {
     return this.loading;
   }
 
+  /**
+   * Linux says nothing (no 'error') to a watch whose directory was removed: one made anew under
+   * the same name is not watched. Dropped here, so that armDirWatcher watches the new one.
+   */
+  private async dropStaleDirWatcher(): Promise<void> {
+    const w = this.dirWatcher;
+    if (w === undefined) return;
+    let now: string | undefined;
+    try {
+      now = dirIdentity(await stat(dirname(this.path), { bigint: true }));
+    } catch {
+      now = undefined;
+    }
+    if (now !== this.watchedDir && this.dirWatcher === w) {
+      w.close();
+      this.dirWatcher = undefined;
+    }
+  }
+
   private async load(): Promise<void> {
+    await this.dropStaleDirWatcher();
     this.armDirWatcher();
     this.names = (await namesOnTheWay(this.path)) ?? this.names;
     const startedAt = performance.now();
@@ -439,6 +463,11 @@ export class FileSource {
     if (unlogged > 0) this.log.warn({ file: this.path, unlogged }, `${this.path}: ${unlogged} more objects ignored (not logged one by one)`);
     this.reportedProblems = now;
   }
+}
+
+/** A directory made anew often gets the inode of the one removed: its birth time tells them apart. */
+function dirIdentity(s: BigIntStats): string {
+  return `${s.dev}:${s.ino}:${s.birthtimeNs}`;
 }
 
 /**
