@@ -49,13 +49,21 @@ export interface RunningProxy {
    * Stop accepting, let connections finish for the grace period (or until `endGrace` is aborted),
    * cut what remains, close everything.
    */
-  stop(graceMs?: number, endGrace?: AbortSignal): Promise<{ cut: number }>;
+  stop(graceMs?: number, endGrace?: AbortSignal, opts?: StopOptions): Promise<{ cut: number }>;
   /**
    * A successor serves the same addresses (--handover-socket): stop accepting everywhere at once
    * (proxy, health, admin and DNS listeners), let connections finish for the grace period. The
    * portal and the hosts-file block are the successor's now: left as they are.
    */
   retire(graceMs?: number): Promise<{ cut: number }>;
+}
+
+export interface StopOptions {
+  /**
+   * Asked once the drain is over: whether another proxy serves the node now (one started during
+   * the drain, --handover-socket). Its hosts-file block is then left in place.
+   */
+  otherServes?: () => Promise<boolean>;
 }
 
 /** Where a hold episode (demand for a Service without endpoints) is made visible. */
@@ -214,7 +222,7 @@ async function start(config: ProxyConfig, logger: Logger, started: Started, opts
       if (pool) await pool.refreshFigures();
       return proxier.activeConnections();
     },
-    async stop(graceMs = config.shutdownGracePeriodMs, endGrace?: AbortSignal) {
+    async stop(graceMs = config.shutdownGracePeriodMs, endGrace?: AbortSignal, stopOpts?: StopOptions) {
       clearInterval(resync);
       await source.stop();
       // Health keeps answering through the grace period, so a liveness probe does not kill a
@@ -222,8 +230,11 @@ async function start(config: ProxyConfig, logger: Logger, started: Started, opts
       const result = await proxier.shutdown(graceMs, endGrace ? { endGrace } : undefined);
       demand.events?.stop();
       dialer.close();
-      // The hosts-file block goes last: names keep resolving while connections drain.
-      await Promise.all([admin.close(), healthz.server.close(), serviceHealth.close(), names.stop()]);
+      // The hosts-file block goes last: names keep resolving while connections drain. A proxy
+      // started meanwhile (a normal start beside this draining one) has written the same block:
+      // it stays for that one.
+      const keepHostsBlock = await (stopOpts?.otherServes?.() ?? Promise.resolve(false)).catch(() => false);
+      await Promise.all([admin.close(), healthz.server.close(), serviceHealth.close(), names.stop({ keepHostsBlock })]);
       return result;
     },
     async retire(graceMs = config.shutdownGracePeriodMs) {

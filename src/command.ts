@@ -6,6 +6,7 @@ import { buildConfig } from './config.js';
 import { ProxyError, UsageError } from './core/errors.js';
 import { cleanupLocalNames } from './local-names.js';
 import { completeTakeOver, serveHandover, takeOverIfRunning } from './handover.js';
+import { answers } from './io/handover/handover-server.js';
 import { createLogger } from './log.js';
 import { resolveOptions, writeConfigFile } from './kube-proxy-config.js';
 import type { EarlyStateRead } from './io/kube/state-file-read.js';
@@ -158,7 +159,9 @@ async function main(argv: string[], begun: CommandStart): Promise<number> {
   }
   const signal = next as NodeJS.Signals;
   logger.info({ signal, active: await proxy.activeConnectionsNow(), graceMs: config.shutdownGracePeriodMs }, 'shutting down: no new connections; established ones may finish');
-  const { cut } = await proxy.stop(undefined, endGrace.signal);
+  // Another proxy that answers on the hand-over socket once the drain is over started meanwhile.
+  const path = config.handoverSocket;
+  const { cut } = await proxy.stop(undefined, endGrace.signal, path === undefined ? undefined : { otherServes: () => answers(path) });
   logger.info({ cut }, 'stopped');
   logger.flush();
   return 0;
