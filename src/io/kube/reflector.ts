@@ -152,7 +152,10 @@ export class Reflector<T extends KubernetesObject> {
     this.rv = rv;
     this.needList = false;
     this.stats.lists++;
-    this.recovered();
+    // Reachable, but the backoff is reset only by a watch event: a list that succeeds between
+    // two 410s (a watch refused however fresh its resourceVersion) must not make the next
+    // re-list immediate, or list and watch would alternate without pause.
+    this.reachable();
     if (this.stats.lists === 1) this.log.info({ objects: items.length, resourceVersion: rv }, `listed ${this.opts.name}`);
     else this.log.debug({ objects: items.length, resourceVersion: rv }, `re-listed ${this.opts.name}`);
     this.resolveSynced();
