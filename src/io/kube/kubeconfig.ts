@@ -50,11 +50,25 @@ export function loadKubeConfig(flags: KubeConfigFlags, where: KubeConfigEnv = sy
   if (!cluster) {
     throw new UsageError(`${origin}: no current context with a cluster (set current-context, or pass --master)`);
   }
+  // Checked as --master is: a server that is no http(s) URL (`127.0.0.1:6443`, the scheme left
+  // out) would fail every request with a TypeError, retried forever as if the API were down.
+  if (!flags.master && !isHttpUrl(cluster.server)) {
+    throw new UsageError(`${origin}: clusters["${cluster.name}"].cluster.server: "${cluster.server}" is not an https:// or http:// URL (e.g. https://10.0.0.1:6443)`);
+  }
   const insecure = cluster.server.startsWith('http:');
   // client-node refuses plain HTTP unless TLS checks are off, but there is no TLS to check: a
   // server the user names as http:// (kubectl proxy, --master http://...) is taken as given.
   if (insecure && !cluster.skipTLSVerify) replaceCluster(kc, cluster, { ...cluster, skipTLSVerify: true });
   return { kc, origin, server: cluster.server, insecure };
+}
+
+function isHttpUrl(text: string): boolean {
+  try {
+    const url = new URL(text);
+    return url.protocol === 'https:' || url.protocol === 'http:';
+  } catch {
+    return false;
+  }
 }
 
 function loadBase(kc: KubeConfig, flags: KubeConfigFlags, where: KubeConfigEnv): string {
