@@ -78,17 +78,20 @@ export class ProgrammingLatencyTracker {
   }
 
   /**
-   * A sync finished: everything that arrived before it started is programmed. `startedAt` is on
-   * the tracker's clock (the sync loop's).
+   * A sync finished: everything that arrived before it started is programmed, except the changes
+   * of the Services it left to a later run (`leftFor`). `startedAt` is on the tracker's clock (the
+   * sync loop's).
    */
-  synced(sync: { startedAt: number }): void {
+  synced(sync: { startedAt: number; leftFor?: readonly string[] }): void {
     if (this.pending.length === 0) return;
     const now = this.opts.clock.now();
     const wall = this.opts.wallNow();
     const started = sync.startedAt;
+    const left = new Set(sync.leftFor);
     const still: Pending[] = [];
     for (const p of this.pending) {
-      if (p.arrived > started) {
+      // Arrived after the run took its changes, or its Service was left to a later run.
+      if (p.arrived > started || left.has(p.service)) {
         still.push(p);
         continue;
       }

@@ -320,7 +320,7 @@ export class Proxier implements ProxierEvents {
     const batch: UnitBatch = { close: [], recreate: [], open: [], update: [] };
     const planned = new Map<string, ProxyUnit[]>();
     const deferred: string[] = [];
-    let unplanned = 0;
+    const unplanned: string[] = [];
     for (const key of dirty) {
       // A Service whose plan failed waits for the full lane, which retries it with backoff.
       if (lane === 'endpoints' && this.broken.has(key)) {
@@ -329,7 +329,7 @@ export class Proxier implements ProxierEvents {
       }
       const desired = this.plan(key);
       if (desired === undefined) {
-        unplanned++;
+        unplanned.push(key);
         continue;
       }
       const diff = diffUnits(this.unitsByService.get(key) ?? [], desired);
@@ -348,7 +348,10 @@ export class Proxier implements ProxierEvents {
       this.requestSync();
     }
     if (lane === 'endpoints') {
-      if (batch.update.length === 0) return;
+      // Everything handed back: the runner's sync publishes. A Service planned with nothing to
+      // update is still applied by this run: its health-check count, no-local counts and queued
+      // changes are published now, not at the next periodic sync.
+      if (planned.size === 0) return;
       batch.retryFailedListeners = false;
     }
     summary.closed = batch.close.length;
@@ -367,7 +370,7 @@ export class Proxier implements ProxierEvents {
     // Whatever opens, closes or recreates a socket changes what the portal must program: note it
     // before anything can throw, so that a retry programs the portal even if this run does not.
     if (batch.open.length + batch.close.length + batch.recreate.length > 0) this.portalNeedsSync = true;
-    const applied = await this.units.apply(batch);
+    const applied = lane === 'endpoints' && batch.update.length === 0 ? { listenErrors: 0, rebound: 0 } : await this.units.apply(batch);
     for (const [key, desired] of planned) this.record(key, desired);
     summary.listenErrors = applied.listenErrors;
     // Rules and addresses depend on units' portals and proxy ports, not on their endpoints: an
@@ -403,12 +406,13 @@ export class Proxier implements ProxierEvents {
     this.syncCount++;
     // Changes that arrived during the run do not make it incomplete (kube-proxy's Updated() clears
     // the pending mark too): under steady churn health must not turn 503 while every sync works.
-    const complete = deferred.length === 0 && unplanned === 0 && !this.portalNeedsSync;
+    const complete = deferred.length === 0 && unplanned.length === 0 && !this.portalNeedsSync;
     this.syncs.publish({
       summary,
       periodic,
       first,
       complete,
+      leftFor: [...deferred, ...unplanned],
       startedAt: started,
       finishedAt: finished,
       serviceHealth: this.totals.serviceHealth(),

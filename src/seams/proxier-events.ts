@@ -56,6 +56,8 @@ export interface SyncEvent {
    * needs programming after a failure, is not complete. Health counts only complete syncs as updates.
    */
   complete: boolean;
+  /** Services (`ns/name`) whose changes this run left to a later one (handed back to the runner, or not planned). */
+  leftFor?: readonly string[];
   /** When it started and finished, on the loop's clock (monotonic milliseconds). */
   startedAt: number;
   finishedAt: number;
