@@ -62,9 +62,17 @@ export function parseClusterName(queryName: string, domain: string): ClusterName
     rest = name === 'svc' ? [] : name.slice(0, -4).split('.');
     zone = 'svc';
   } else {
+    // `svc.ns`, and the SRV owners before it (`_proto.svc.ns`, `_port._proto.svc.ns`): only these
+    // shapes may name a Service; the rest (and these, when no such Service runs) are the world's.
     const labels = name.split('.');
-    if (labels.length === 2 && labels.every((l) => l !== '')) return { kind: 'service', name: labels[0]!, namespace: labels[1]!, zone: 'none' };
-    return { kind: 'outside' };
+    if (labels.length < 2 || labels.length > 4 || labels.some((l) => l === '')) return { kind: 'outside' };
+    if (labels.length === 2) return { kind: 'service', name: labels[0]!, namespace: labels[1]!, zone: 'none' };
+    const first = underscored(labels[0]!);
+    if (first === undefined) return { kind: 'outside' };
+    if (labels.length === 3) return { kind: 'protocol', name: labels[1]!, namespace: labels[2]!, zone: 'none' };
+    const proto = underscored(labels[1]!);
+    if (proto === undefined) return { kind: 'outside' };
+    return { kind: 'port', port: first, protocol: proto.toUpperCase(), name: labels[2]!, namespace: labels[3]!, zone: 'none' };
   }
   // rest: the labels left of `svc`, nearest last.
   if (rest.some((l) => l === '')) return { kind: 'unknown', zone };

@@ -97,11 +97,11 @@ function decide(q: Question, opts: AnswerOptions): Response {
   const name = parseClusterName(q.name, dir.domain);
   if (name.kind === 'outside') return { rcode: RCODE.REFUSED, authoritative: false };
   if (!opts.ready) return { rcode: RCODE.SERVFAIL, authoritative: false };
-  const zone = name.kind === 'service' && name.zone === 'none' ? undefined : name.zone === 'svc' ? 'svc' : dir.domain;
+  const zone = name.zone === 'none' ? undefined : name.zone === 'svc' ? 'svc' : dir.domain;
   const soa = (): SoaAnswer[] => (zone === undefined ? [] : [soaRecord(zone, dir, opts.ttlSeconds)]);
   const found = lookup(name, dir);
   if (found === undefined) {
-    // The two-label form names a Service only when one runs; otherwise it belongs to the world.
+    // The `svc.ns` forms name a Service only when one runs; otherwise they belong to the world.
     if (zone === undefined) return { rcode: RCODE.REFUSED, authoritative: false };
     return { rcode: RCODE.NXDOMAIN, authoritative: true, authorities: soa() };
   }

@@ -35,7 +35,11 @@ export function frontTarget(request: FrontRequest, resolve: ResolveServicePort, 
   const host = isAddress ? canonicalIP(request.host) : normalizeName(request.host);
   const at = resolve(host, request.port, 'TCP');
   if (at !== undefined) return at.servicePort === undefined ? { kind: 'dial', host: at.host, port: at.port } : { kind: 'dial', host: at.host, port: at.port, servicePort: at.servicePort };
-  if (!isAddress && parseClusterName(host, domain).kind === 'outside') return { kind: 'refuse', why: 'outside' };
+  if (!isAddress) {
+    // Only `svc.ns` itself is read as a Service's name here: `_port._proto.x.y` is outside.
+    const n = parseClusterName(host, domain);
+    if (n.kind === 'outside' || (n.zone === 'none' && n.kind !== 'service')) return { kind: 'refuse', why: 'outside' };
+  }
   return { kind: 'refuse', why: 'unknown' };
 }
 
