@@ -71,7 +71,7 @@ function fakeSocket(): ProxySocket {
 }
 
 function web(clusterIPs: string[], rv: string): V1Service {
-  return service({ name: 'web', clusterIPs, ports: [{ name: 'http', port: 80, nodePort: 30080 }], externalTrafficPolicy: 'Local', resourceVersion: rv }) as unknown as V1Service;
+  return service({ name: 'web', clusterIPs, ports: [{ name: 'http', port: 80, nodePort: 30080 }], externalTrafficPolicy: 'Local', resourceVersion: rv });
 }
 
 describe('a Service that becomes dual-stack (iptables portal)', () => {

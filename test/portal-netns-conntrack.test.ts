@@ -1,11 +1,11 @@
-import { execFileSync, spawn } from 'node:child_process';
+import { spawn } from 'node:child_process';
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { runCli, type Spawned } from './helpers/cli.js';
 import { waitFor } from './helpers/net.js';
-import { LAB, SERVICES as S, createLab, iptablesSkipReason, labState, nsAdminGet, nsExec, nsRequest, nsUdpFlow, reportSkip, startBackend, type Lab, type UdpFlow } from './helpers/netns.js';
+import { LAB, SERVICES as S, conntrackSkipReason, createLab, labState, nsAdminGet, nsExec, nsRequest, nsUdpFlow, reportSkip, startBackend, type Lab, type UdpFlow } from './helpers/netns.js';
 
 /**
  * `--portal iptables` across restarts, with flows under way: a UDP client that keeps sending keeps
@@ -13,17 +13,8 @@ import { LAB, SERVICES as S, createLab, iptablesSkipReason, labState, nsAdminGet
  * to when it was created. A restart must bind the same proxy ports again, or delete the entries
  * that point elsewhere. Everything runs in the lab's namespaces (see helpers/netns.ts).
  */
-const conntrackSkipReason = iptablesSkipReason ?? conntrackMissing();
 reportSkip('portal-netns-conntrack.test.ts', conntrackSkipReason);
 
-function conntrackMissing(): string | undefined {
-  try {
-    execFileSync('conntrack', ['--version'], { stdio: 'ignore' });
-    return undefined;
-  } catch {
-    return 'conntrack is not installed (apt-get install conntrack)';
-  }
-}
 
 /**
  * A TCP connection from `localPort` in `ns`, established and answered; `abort()` resets it (the

@@ -1,11 +1,10 @@
 import { spawn, type ChildProcess } from 'node:child_process';
-import { execFileSync } from 'node:child_process';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { NodeAddress } from '../src/core/rules/node-address.js';
 import { IptablesPortal } from '../src/io/portal/iptables-portal.js';
 import type { NodeAddressSource } from '../src/io/portal/node-addresses.js';
 import { silentLogger } from '../src/log.js';
-import { iptablesSkipReason, nsExec, nsRunner, reportSkip, run } from './helpers/netns.js';
+import { conntrackSkipReason, nsExec, nsRunner, reportSkip, run } from './helpers/netns.js';
 import { servicePort, unitsOf } from './helpers/service-port.js';
 
 /**
@@ -15,15 +14,7 @@ import { servicePort, unitsOf } from './helpers/service-port.js';
  * the deleted Service's portals (as kube-proxy does for deleted UDP ClusterIPs), the client's
  * packets to the deleted ClusterIP are answered by the other Service.
  */
-function conntrackMissing(): string | undefined {
-  try {
-    execFileSync('conntrack', ['--version'], { stdio: 'ignore' });
-    return undefined;
-  } catch {
-    return 'conntrack is not installed';
-  }
-}
-const skip = iptablesSkipReason ?? conntrackMissing();
+const skip = conntrackSkipReason;
 reportSkip('portal-netns-udp-reuse.test.ts', skip);
 
 const NODE = '10.250.0.1';

@@ -32,6 +32,9 @@ export const netnsSkipReason: string | undefined = (() => {
 export const iptablesSkipReason: string | undefined = netnsSkipReason ?? (probe('iptables-restore', ['--version']) && probe('iptables-save', ['--version']) ? undefined : 'iptables-restore/iptables-save are not installed (apt-get install iptables)');
 
 /** Say once, on stderr, that a file's namespace tests are skipped and why. */
+/** Why the conntrack tests cannot run here (they need the iptables tools too), or undefined. */
+export const conntrackSkipReason: string | undefined = iptablesSkipReason ?? (probe('conntrack', ['--version']) ? undefined : 'conntrack is not installed (apt-get install conntrack)');
+
 export function reportSkip(file: string, reason: string | undefined): void {
   if (reason) process.stderr.write(`${file}: namespace tests SKIPPED: ${reason}\n`);
 }
