@@ -124,6 +124,10 @@ export class Reflector<T extends KubernetesObject> {
         if (outcome === 'short') {
           // A server that ends every watch at once would otherwise be asked again in a tight loop.
           await this.sleep(this.failed(new KubeApiError(`watch ${this.opts.path}: ended at once without an event`, 'Network')));
+        } else {
+          // A watch that lived (quiet ones too: Services can go minutes without an event) ends a
+          // streak of failures as an event does; one refused at once (a 410 loop) does not.
+          this.recovered();
         }
       } catch (err) {
         if (this.stopped) break;
