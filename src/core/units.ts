@@ -32,10 +32,11 @@ export interface ProxyUnit {
   /** Endpoints of the port the dialer cannot reach (core/reach.ts), with why; absent when none. */
   unreachable?: Array<{ endpoint: string; reason: string }>;
   /**
-   * The Service's IP families, on a unit whose portals carry no address (the external half of a
-   * split service port holding only a node port): the families its node port is served in, which
-   * nothing else in the unit says. A change of them (a Service made dual-stack) recreates the
-   * unit, so it listens in the new family too. Absent when the portals' addresses say it.
+   * The Service's IP families, on the external half of a split service port with a node port:
+   * the families its node port is served in, which its other portals (none, or load-balancer and
+   * external IPs of one family) need not say. A change of them (a Service made dual-stack)
+   * recreates the unit, so it listens in the new family too. Absent where the ClusterIPs are
+   * among the unit's portals.
    */
   families?: IPFamily[];
 }
@@ -73,7 +74,7 @@ export function planUnits(sp: ServicePort, sets: EndpointSets): ProxyUnit[] {
     return [{ ...base, id: sp.key, scope: 'all', portals: [...clusterPortals(sp), ...external], endpoints: sets.clusterEndpoints }];
   }
   const externalUnit: ProxyUnit = { ...base, id: `${sp.key} (external)`, scope: 'external', portals: external, endpoints: sets.externalEndpoints };
-  if (external.every((p) => p.kind === 'nodePort')) {
+  if (external.some((p) => p.kind === 'nodePort')) {
     const families = [...new Set(sp.clusterIPs.map(ipFamily).filter((f) => f !== undefined))].sort();
     if (families.length > 0) externalUnit.families = families;
   }

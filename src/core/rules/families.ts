@@ -12,7 +12,7 @@ export type FamilyHints = ReadonlyMap<string, readonly IPFamily[]>;
  */
 const knownFamilies = new WeakMap<ProxyUnit, readonly IPFamily[]>();
 
-/** The families of a unit's addressed portals (ClusterIPs, externalIPs, load-balancer IPs), or those it carries when it has none. */
+/** The families of a unit's addressed portals (ClusterIPs, externalIPs, load-balancer IPs) and those it carries for its node port. */
 export function portalFamilies(unit: ProxyUnit): readonly IPFamily[] {
   const known = knownFamilies.get(unit);
   if (known) return known;
@@ -21,8 +21,9 @@ export function portalFamilies(unit: ProxyUnit): readonly IPFamily[] {
     const f = p.ip ? ipFamily(p.ip) : undefined;
     if (f) found.add(f);
   }
-  // Nothing addressed (a node-port-only external half): the Service's families, as planned.
-  const families = Object.freeze(found.size === 0 && unit.families !== undefined ? [...unit.families] : [...found].sort());
+  // An external half with a node port serves it in the Service's families, as planned.
+  for (const f of unit.families ?? []) found.add(f);
+  const families = Object.freeze([...found].sort());
   knownFamilies.set(unit, families);
   return families;
 }
