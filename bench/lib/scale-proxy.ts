@@ -1,5 +1,5 @@
 import { spawnSync } from 'node:child_process';
-import { closeSync, mkdirSync, openSync, readFileSync, renameSync, writeFileSync, writeSync } from 'node:fs';
+import { closeSync, fstatSync, mkdirSync, openSync, readFileSync, readSync, renameSync, writeFileSync, writeSync } from 'node:fs';
 import { descriptorBudget } from '../../src/core/descriptor-budget.js';
 import { join } from 'node:path';
 import type { Context } from './context.js';
@@ -33,6 +33,54 @@ export function listeningScalePorts(): number {
   const prefix = `${SCALE_LOOPBACK_PREFIX}.`;
   for (const s of sockets('tcp')) if (s.state === '0A' && s.port === SCALE_PORT && s.host.startsWith(prefix)) n++;
   return n;
+}
+
+/**
+ * A check, cheap to call often, of whether the proxy's log has a line with this msg at or after
+ * `since` (epoch ms): each call reads only the bytes added since the last.
+ */
+function logFollower(logFile: string, msg: string, since: number): () => boolean {
+  let offset = 0;
+  let partial = '';
+  let found = false;
+  const chunk = Buffer.alloc(1 << 16);
+  return () => {
+    if (found) return true;
+    let fd: number;
+    try {
+      fd = openSync(logFile, 'r');
+    } catch {
+      return false;
+    }
+    try {
+      const size = fstatSync(fd).size;
+      while (offset < size) {
+        const n = readSync(fd, chunk, 0, chunk.length, offset);
+        if (n === 0) break;
+        offset += n;
+        const lines = (partial + chunk.toString('utf8', 0, n)).split('\n');
+        partial = lines.pop() ?? '';
+        if (lines.some((line) => isRecordOf(line, msg, since))) {
+          found = true;
+          break;
+        }
+      }
+    } finally {
+      closeSync(fd);
+    }
+    return found;
+  };
+}
+
+function isRecordOf(line: string, msg: string, since: number): boolean {
+  if (!line.includes(`"msg":"${msg}"`)) return false;
+  try {
+    const rec = JSON.parse(line) as { time?: string | number };
+    const t = typeof rec.time === 'number' ? rec.time : Date.parse(rec.time ?? '');
+    return t >= Math.floor(since);
+  } catch {
+    return false;
+  }
 }
 
 interface LogRecord {
@@ -163,7 +211,10 @@ export async function startScaleProxy(ctx: Context, s: ScaleProxyStart): Promise
     // of /proc/net/tcp costs some 40 ms of CPU, mostly the kernel's, so reading it every 10 ms
     // while the proxy starts took most of a core from it and lengthened the very start it timed
     // (by 300-500 ms at 10,000 Services on this machine kind, thirteenth session).
-    const synced = (): boolean => logRecords(logFile, 'synced proxy rules', wall0).length > 0;
+    // Only what the log gained since the last look is read: past the open-file limit the sync
+    // writes a line per refused Service (18,000 at 30,000 Services), and reading the whole log
+    // every 10 ms would be the harness competing with the start again.
+    const synced = logFollower(logFile, 'synced proxy rules', wall0);
     const timeoutMs = s.timeoutMs ?? 180_000;
     await waitUntil(synced, 'the first sync', timeoutMs, { everyMs: 10, process: started });
     listenedAt = performance.now();
