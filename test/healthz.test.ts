@@ -1,3 +1,4 @@
+import { connect } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ProxierHealth, TO_BE_DELETED_TAINT } from '../src/core/proxier-health.js';
 import { Topic } from '../src/core/topic.js';
@@ -139,11 +140,13 @@ describe('over HTTP', () => {
   const probes: Array<[string, number]> = [];
   let server: HttpServer;
   let base: string;
+  let port: number;
 
   beforeAll(async () => {
     const started = await startHealthServer({ host: '127.0.0.1', port: 0, health, logger: silentLogger(), probes: { probed: (p, s) => probes.push([p, s]) } });
     server = started.server;
-    base = `http://127.0.0.1:${started.address.port}`;
+    port = started.address.port;
+    base = `http://127.0.0.1:${port}`;
   });
 
   afterAll(async () => {
@@ -173,5 +176,16 @@ describe('over HTTP', () => {
     expect(res2.status).toBe(503);
     expect(((await res2.json()) as { nodeEligible: boolean }).nodeEligible).toBe(false);
     expect((await fetch(`${base}/livez`)).status).toBe(200);
+  });
+
+  it('routes a request in absolute form by its path, as Go\'s server does', async () => {
+    const head = await new Promise<string>((resolve, reject) => {
+      const sock = connect({ host: '127.0.0.1', port }, () => sock.write(`GET http://127.0.0.1:${port}/livez?verbose HTTP/1.1\r\nHost: 127.0.0.1:${port}\r\nConnection: close\r\n\r\n`));
+      let got = '';
+      sock.on('data', (d: Buffer) => (got += d.toString()));
+      sock.on('end', () => resolve(got));
+      sock.on('error', reject);
+    });
+    expect(head.split('\r\n')[0]).toBe('HTTP/1.1 200 OK');
   });
 });

@@ -61,7 +61,7 @@ export class HttpServer {
   }
 
   private async handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
-    const path = (req.url ?? '/').split('?')[0] as string;
+    const path = pathOf(req.url ?? '/');
     const route = this.routes.get(path);
     if (!route) {
       sendText(res, 404, `404 page not found; try ${this.paths().join(', ')}\n`);
@@ -79,5 +79,19 @@ export class HttpServer {
       if (!res.headersSent) sendText(res, 500, 'internal error\n');
       else res.destroy();
     }
+  }
+}
+
+/**
+ * The request-target's path: origin-form (`/healthz?x`) as most clients send it, or absolute-form
+ * (`http://node:10256/healthz`), which a request through a forward proxy carries and Go's server,
+ * kube-proxy's, routes by its path alike (RFC 9112 §3.2.2).
+ */
+function pathOf(target: string): string {
+  if (target.startsWith('/')) return target.split('?')[0] as string;
+  try {
+    return new URL(target).pathname;
+  } catch {
+    return target;
   }
 }
