@@ -17,7 +17,8 @@ import { WorkerServer } from './workers/worker-server.js';
  * units the controller sends on sockets of its own, bound with SO_REUSEPORT beside its siblings',
  * and answers over the IPC channel. Signals are the controller's business: SIGTERM, SIGINT and
  * SIGHUP (which a terminal's Ctrl-C and its closing send the whole process group) are ignored
- * here; the controller drains the workers. When the channel closes (the controller is gone) the worker exits at once.
+ * here; the controller drains the workers. When the channel closes (the controller is gone) the
+ * worker exits at once.
  */
 function listenerBudget(): number {
   const limit = readOpenFileLimit();

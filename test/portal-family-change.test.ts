@@ -1,7 +1,5 @@
 import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
 import { describe, expect, it } from 'vitest';
-import { roundRobinFactory } from '../src/core/balancer/round-robin.js';
-import { PortAllocator } from '../src/core/port-allocator.js';
 import { ServicePortStats } from '../src/core/stats.js';
 import type { NodeAddress } from '../src/core/rules/node-address.js';
 import type { CommandResult, CommandRunner } from '../src/io/portal/command-runner.js';
@@ -9,7 +7,7 @@ import { IptablesPortal } from '../src/io/portal/iptables-portal.js';
 import type { NodeAddressSource } from '../src/io/portal/node-addresses.js';
 import { silentLogger } from '../src/log.js';
 import type { BoundAddress, ListenAddress, ProxySocket } from '../src/seams/proxy-socket.js';
-import { makeProxier } from './helpers/make-proxier.js';
+import { fixedParts, makeProxier } from './helpers/make-proxier.js';
 import { endpointSlice, service } from './helpers/objects.js';
 
 /**
@@ -79,20 +77,7 @@ describe('a Service that becomes dual-stack (iptables portal)', () => {
     const node = new Node();
     const portal = new IptablesPortal({ runner: node, logger: silentLogger(), nodeAddresses, bindAddress: '0.0.0.0', nodePortAddresses: [] });
     await portal.start();
-    const { proxier } = makeProxier({
-      portal,
-      logger: silentLogger(),
-      balancerFactory: roundRobinFactory,
-      socketFactory: () => fakeSocket(),
-      portAllocator: new PortAllocator(undefined, () => 0.5),
-      clock: { now: () => 0 },
-      random: () => 0.5,
-      node: { name: 'node-a' },
-      minSyncPeriodMs: 0,
-      syncPeriodMs: 30_000,
-      sweepIntervalMs: 1000,
-      bindAddress: '0.0.0.0',
-    });
+    const { proxier } = makeProxier(fixedParts(portal, () => fakeSocket()));
     try {
       proxier.sink.upsertService(web(['10.96.0.10'], '1'));
       proxier.sink.upsertEndpointSlice(endpointSlice({ service: 'web', ports: [{ name: 'http', port: 8080 }], endpoints: [{ ip: '10.244.0.5', nodeName: 'node-a' }] }) as unknown as V1EndpointSlice);

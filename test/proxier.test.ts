@@ -1,14 +1,12 @@
 import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
 import { describe, expect, it } from 'vitest';
-import { roundRobinFactory } from '../src/core/balancer/round-robin.js';
 import { PortAllocator } from '../src/core/port-allocator.js';
 import type { ProxyUnit } from '../src/core/units.js';
 import type { BoundAddress, ListenAddress, ProxySocket } from '../src/seams/proxy-socket.js';
 import type { ListenSpec, Portal, PortalSyncResult, RunningUnitView } from '../src/seams/portal.js';
-import { silentLogger } from '../src/log.js';
 import type { Proxier } from '../src/proxier/proxier.js';
 import type { SyncEvent } from '../src/seams/proxier-events.js';
-import { makeProxier, type ProxierParts } from './helpers/make-proxier.js';
+import { fixedParts, makeProxier, type ProxierParts } from './helpers/make-proxier.js';
 import { captureLogger, waitUntil } from './helpers/proxy-fixtures.js';
 import { ServicePortStats } from '../src/core/stats.js';
 import { endpointSlice, service } from './helpers/objects.js';
@@ -63,21 +61,7 @@ function fakeSocket(): ProxySocket {
 
 /** The parts of a loop over fake sockets; tests override what they are about. */
 function parts(over: Partial<ProxierParts> = {}): ProxierParts {
-  return {
-    portal: new RecordingPortal(),
-    logger: silentLogger(),
-    balancerFactory: roundRobinFactory,
-    socketFactory: () => fakeSocket(),
-    portAllocator: new PortAllocator(undefined, () => 0.5),
-    clock: { now: () => 0 },
-    random: () => 0.5,
-    node: { name: 'node-a' },
-    minSyncPeriodMs: 0,
-    syncPeriodMs: 30_000,
-    sweepIntervalMs: 1000,
-    bindAddress: '0.0.0.0',
-    ...over,
-  };
+  return { ...fixedParts(new RecordingPortal(), () => fakeSocket()), ...over };
 }
 
 interface Setup {

@@ -66,7 +66,7 @@ async function backends(...names: string[]): Promise<Endpoint[]> {
 }
 
 /** `n` connections through the proxy port, each spliced to its endpoint (its first byte read); closed after the test. */
-async function openSpliced(port: number, n: number): Promise<void> {
+async function openSpliced(port: number, n: number): Promise<Socket[]> {
   const held: Socket[] = [];
   closers.push(() => held.forEach((s) => s.destroy()));
   for (let i = 0; i < n; i++) {
@@ -75,6 +75,7 @@ async function openSpliced(port: number, n: number): Promise<void> {
     held.push(s);
     await withDeadline(new Promise((r) => s.once('data', r)), 5000, 'the connection to be spliced');
   }
+  return held;
 }
 
 function acceptedBy(launcher: InProcessLauncher, index: number): number {
@@ -379,35 +380,20 @@ describe('/services over the workers (mergeStatus)', () => {
   });
 });
 
-async function backend(): Promise<Endpoint> {
-  const b = await tcpEchoServer('127.0.81.1', 'a');
-  closers.push(() => b.close());
-  return toEndpoint({ ip: '127.0.81.1', port: b.port });
-}
-
-/** One connection through `port`, spliced to its endpoint (its first byte read), left open. */
-async function spliced(port: number): Promise<Socket> {
-  const s = connect({ host: '127.0.0.1', port });
-  s.on('error', () => undefined);
-  closers.push(() => void s.destroy());
-  await withDeadline(new Promise((r) => s.once('data', r)), 5000, 'the connection to be spliced');
-  return s;
-}
-
 describe('WorkerPool: counters through drains and shutdown', () => {
   it("a closed service port's counters do not go down while another worker still drains it", async () => {
     const launcher = new InProcessLauncher({ seed: SEED });
     const pool = await startPool(launcher);
-    const a = await backend();
-    await pool.apply(batch({ open: [{ unit: unit('default/web:http', [a]), listen: PROXY_PORT_SPEC }] }));
+    const [a] = await backends('a');
+    await pool.apply(batch({ open: [{ unit: unit('default/web:http', [a as Endpoint]), listen: PROXY_PORT_SPEC }] }));
     const port = pool.views()[0]?.proxyPort as number;
     // Connections until both workers hold some; each is known to be on the worker whose count moved.
     const on: Socket[][] = [[], []];
     for (let i = 0; i < 200 && (on[0]?.length === 0 || on[1]?.length === 0); i++) {
       const before = [acceptedBy(launcher, 0), acceptedBy(launcher, 1)];
-      const s = await spliced(port);
+      const [s] = await openSpliced(port, 1);
       const w = acceptedBy(launcher, 0) > (before[0] as number) ? 0 : 1;
-      on[w]?.push(s);
+      on[w]?.push(s as Socket);
     }
     expect(on.every((l) => l.length > 0)).toBe(true);
     const total = (on[0]?.length ?? 0) + (on[1]?.length ?? 0);
@@ -441,12 +427,10 @@ describe('WorkerPool: counters through drains and shutdown', () => {
       },
     };
     const pool = await startPool(launcher);
-    const a = await backend();
-    await pool.apply(batch({ open: [{ unit: unit('default/web:http', [a]), listen: PROXY_PORT_SPEC }] }));
+    const [a] = await backends('a');
+    await pool.apply(batch({ open: [{ unit: unit('default/web:http', [a as Endpoint]), listen: PROXY_PORT_SPEC }] }));
     const port = pool.views()[0]?.proxyPort as number;
-    const socks: Socket[] = [];
-    for (let i = 0; i < 30; i++) socks.push(await spliced(port));
-    for (const s of socks) s.destroy();
+    for (const s of await openSpliced(port, 30)) s.destroy();
     await waitFor(() => [0, 1].every((i) => inner.current(i).units.activeConnections() === 0), 'the connections to end');
     expect((await pool.readStats()).reading.node.accepted).toBe(30);
     await pool.shutdown(1000);

@@ -11,7 +11,8 @@ import { DIAL_LATENCY_BUCKETS, type ServicePortStats } from './stats.js';
  * sets the same values twice. The controller keeps every worker's last report and sums them per
  * series at scrape time. A worker that exits (or is killed) is folded into a base that the sums
  * keep: its counters stay in the node's totals, its gauges (connections, sessions and held
- * connections open) drop to zero, as its connections did. What it counted after its last report is lost.
+ * connections open) drop to zero, as its connections did. What it counted after its last report
+ * is lost.
  */
 
 /** The flat form of a ServicePortStats: FIELD_COUNT numbers, in the order of flattenStats(). */
@@ -283,8 +284,8 @@ export class NodeStats {
   /**
    * The node's series and totals: every worker's last report plus what workers gone had counted.
    * `running`: whether a series (by seriesKey) belongs to a unit the controller runs now. A series
-   * no worker reports is kept while it runs (every worker may be down at once, waiting for its replacement), and
-   * otherwise dropped one reading later; without `running`, as if none ran.
+   * no worker reports is kept while it runs (every worker may be down at once, waiting for its
+   * replacement), and otherwise dropped one reading later; without `running`, as if none ran.
    */
   read(running?: (key: string) => boolean): Reading {
     const sums = new Map<string, Totals>();

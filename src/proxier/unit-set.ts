@@ -81,6 +81,7 @@ export class LocalUnitSet implements UnitSet, AffinityShare, TcpHandOffs {
   private lastSweepAffinity = 0;
   /** Listeners bound and listeners failing now, over every running unit (kept, not counted). */
   private bound = 0;
+  private failing = 0;
   /**
    * The error of a listener refused past the descriptor budget, made once per limit: only its
    * code and message are read, and far past the limit every further unit of a sync is refused,
@@ -88,7 +89,6 @@ export class LocalUnitSet implements UnitSet, AffinityShare, TcpHandOffs {
    * refused of a 30,000-Service start under a 12,000 open-file limit, thirteenth session).
    */
   private refused: { max: number; err: NodeJS.ErrnoException } | undefined;
-  private failing = 0;
   /** Proxy ports bound during the apply under way: its result tells the other workers. */
   private boundProxyPorts: UnitProxyPort[] = [];
   /** Proxy ports the apply under way freed, quarantined until the next. */

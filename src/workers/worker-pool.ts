@@ -308,7 +308,8 @@ export class WorkerPool implements UnitSet {
       const handle = slot.handle;
       const reply = await this.request(slot, (id) => ({ t: 'shutdown', id, graceMs, ack: slot.acked, ...(opts?.handOver === true ? { handOver: true } : {}) }), graceMs + SHUTDOWN_MARGIN_MS, shorten);
       // Taken now, while this process is the slot's: once it has exited (it does right after this
-      // reply) its last report is retired into the node's sums, and taking this one then would count it twice.
+      // reply) its last report is retired into the node's sums, and taking this one then would
+      // count it twice.
       if (reply?.t === 'shutdown' && slot.handle === handle) this.takeReport(slot, reply.report);
       return { slot, reply };
     }));

@@ -1,11 +1,12 @@
 import type { BalancerFactory } from '../../src/core/balancer/load-balancer.js';
-import { RoundRobinBalancer } from '../../src/core/balancer/round-robin.js';
+import { RoundRobinBalancer, roundRobinFactory } from '../../src/core/balancer/round-robin.js';
 import { systemClock } from '../../src/core/clock.js';
 import { LoopbackPortal } from '../../src/io/portal/loopback-portal.js';
 import type { Clock, RandomSource } from '../../src/core/clock.js';
 import type { NodeInfo } from '../../src/core/model.js';
 import { PortAllocator } from '../../src/core/port-allocator.js';
 import type { Logger } from '../../src/log.js';
+import { silentLogger } from '../../src/log.js';
 import { Proxier, type ProxierOptions } from '../../src/proxier/proxier.js';
 import { LocalUnitSet, type ProxySocketFactory } from '../../src/proxier/unit-set.js';
 import type { Portal } from '../../src/seams/portal.js';
@@ -24,6 +25,27 @@ export interface ProxierParts {
   syncPeriodMs: number;
   sweepIntervalMs: number;
   bindAddress: string;
+}
+
+/**
+ * Parts for a loop over fake sockets that decide nothing by chance or by the clock: a fixed random
+ * source and proxy-port pick, time standing at 0, syncs at once, node `node-a`.
+ */
+export function fixedParts(portal: Portal, socketFactory: ProxySocketFactory): ProxierParts {
+  return {
+    portal,
+    logger: silentLogger(),
+    balancerFactory: roundRobinFactory,
+    socketFactory,
+    portAllocator: new PortAllocator(undefined, () => 0.5),
+    clock: { now: () => 0 },
+    random: () => 0.5,
+    node: { name: 'node-a' },
+    minSyncPeriodMs: 0,
+    syncPeriodMs: 30_000,
+    sweepIntervalMs: 1000,
+    bindAddress: '0.0.0.0',
+  };
 }
 
 /** A sync loop over a unit set of this process's sockets, wired as src/app.ts wires them. */

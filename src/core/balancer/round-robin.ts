@@ -324,8 +324,10 @@ export class RoundRobinBalancer implements LoadBalancer {
     return slot !== undefined && slot.owner === this ? slot : this.byAddr.get(endpoint.addr);
   }
 
-  /** A fresh endpoint for a connection: precondition, the list is not empty. */
-  /** `avoid`: the address of an endpoint that just failed, taken only when no other is usable. */
+  /**
+   * A fresh endpoint for a connection: precondition, the list is not empty. `avoid`: the address
+   * of an endpoint that just failed, taken only when no other is usable.
+   */
   private pick(avoid?: string): Slot {
     // Every endpoint set aside: all are used, no Service is emptied by passive health.
     const all = this.ejected === 0 || this.ejected >= this.slots.length;

@@ -64,8 +64,9 @@ export interface TcpConnectionContext {
  *   at once; nothing is written to it. Its socket calls leaveHold (endpoints appeared: dial) or
  *   expireHold (reset).
  * - `dialing`: an attempt is in flight. The client is paused (pauseOnConnect), its bytes wait in
- *   the kernel (after a hold, its first read pauses it and goes to the replay). The endpoint socket belongs to the dialer, 'error' events included, yet its reads
- *   already go to the client (onread): the endpoint may speak first. Whatever else it does before
+ *   the kernel (after a hold, its first read pauses it and goes to the replay). The endpoint
+ *   socket belongs to the dialer, 'error' events included, yet its reads already go to the client
+ *   (onread): the endpoint may speak first. Whatever else it does before
  *   the hand-over (a FIN, a read stopped by backpressure, a failure, a close) is read off the
  *   socket at the hand-over, since no listener of ours was there to see it.
  * - `relaying`: both sockets are the connection's. Bytes flow both ways; each direction ends when
